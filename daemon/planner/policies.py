@@ -1,0 +1,113 @@
+"""The planner's policies: each is a priority order plus the executor's admission rule.
+
+Names (stable; the CLI and plan files use them):
+
+=================  ==========================================================================
+fcfs               arrival order (ties by file order), stop at the first misfit
+mcsf               ascending o_i (Jaillet et al.'s MC-SF), stop at the first misfit
+mcsf-skip          ascending o_i, skip misfits and keep scanning
+size               ascending s_i + o_i, stop at the first misfit
+sorted-f           Sorted-F: phase-1 batches by F(X), each by non-decreasing o; stop rule
+sorted-lp          requests by LP-relaxation completion, stop rule
+sorted-f-amin      Sorted-F planned on the predicted lower bounds; the executor reveals true
+                   lengths; outlived estimates refined, evictions keep memory within M
+sorted-f-online    receding horizon: Sorted-F re-planned over the waiting set at arrivals (or
+                   every K steps)
+=================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .executor import Schedule, execute
+from .lp import LPTooLarge, lp_order, solve_lp
+from .solvers import SWAP_MAX_N, sorted_f_phase1
+from .workload import IntArray, Workload, WorkloadError
+
+POLICIES = (
+    "fcfs",
+    "mcsf",
+    "mcsf-skip",
+    "size",
+    "sorted-f",
+    "sorted-lp",
+    "sorted-f-amin",
+    "sorted-f-online",
+)
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    schedule: Schedule
+    solver: str | None = None
+    batches: list[IntArray] = field(default_factory=list)
+    iterations: int = 0
+    backfill: bool = False
+
+
+def _by(*keys: IntArray) -> IntArray:
+    return np.lexsort(keys[::-1]).astype(np.int64)
+
+
+def check_policy(name: str) -> None:
+    if name not in POLICIES:
+        raise WorkloadError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+
+
+def run_policy(
+    name: str,
+    w: Workload,
+    memory: int,
+    *,
+    solver: str = "auto",
+    backfill: bool = False,
+    replan_every: int | None = None,
+    seed: int = 0,
+) -> PolicyResult:
+    check_policy(name)
+    idx = np.arange(w.n, dtype=np.int64)
+    if name == "fcfs":
+        return PolicyResult(name, execute(w, memory, _by(w.a, idx)))
+    if name in ("mcsf", "mcsf-skip"):
+        scan = "skip" if name == "mcsf-skip" else "stop"
+        return PolicyResult(name, execute(w, memory, _by(w.o, w.a, idx), scan=scan))
+    if name == "size":
+        return PolicyResult(name, execute(w, memory, _by(w.s + w.o, w.a, idx)))
+    if name == "sorted-f":
+        p1 = sorted_f_phase1(w.s, w.o, memory, solver, seed)
+        sched = execute(w, memory, p1.order, backfill=backfill)
+        return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
+    if name == "sorted-lp":
+        horizon = int(run_policy("sorted-f", w, memory, solver=solver).schedule.finish.max())
+        try:
+            sol = solve_lp(w, memory, horizon)
+        except LPTooLarge as e:
+            raise WorkloadError(f"sorted-lp: instance too large: {e}") from None
+        return PolicyResult(name, execute(w, memory, lp_order(sol), backfill=backfill), "lp", [], 1, backfill)
+    if name == "sorted-f-amin":
+        if w.lo is None or w.hi is None:
+            raise WorkloadError("sorted-f-amin needs 'predicted_output' on every request")
+        p1 = sorted_f_phase1(w.s, w.lo, memory, solver, seed)
+        sched = execute(w, memory, p1.order, estimates=w.lo, backfill=backfill)
+        return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
+    # sorted-f-online
+    online_solver = solver if solver != "auto" else "swap"
+    used: dict[str, int] = {"iterations": 0}
+
+    def replan(waiting: IntArray, now: int) -> IntArray:
+        chosen = online_solver if online_solver != "swap" or len(waiting) <= SWAP_MAX_N else "quantile"
+        p1 = sorted_f_phase1(w.s[waiting], w.o[waiting], memory, chosen, seed + now)
+        used["iterations"] += p1.iterations
+        return waiting[p1.order]
+
+    sched = execute(w, memory, _by(w.a, idx), replan=replan, replan_every=replan_every, backfill=backfill)
+    return PolicyResult(name, sched, online_solver, [], used["iterations"], backfill)
+
+
+def run_order(w: Workload, memory: int, order: IntArray, backfill: bool = False) -> Schedule:
+    """Execute a given list (a plan's batches, flattened) with the stop rule."""
+    return execute(w, memory, order, backfill=backfill)

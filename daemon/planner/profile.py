@@ -1,0 +1,145 @@
+"""The future KV-memory profile of a running set, and the admission test built on it.
+
+Model (docs/planner.md): a request started at step p with prompt s and output o holds s + (τ − p + 1)
+KV slots in every step τ ∈ [p, p + o − 1] and completes at c = p + o. For running requests the total
+R(τ) is known for every future τ; it rises between completions and drops at them, so the largest value
+over any interval sits at a completion's last step (a *checkpoint* c_k − 1) or at the interval's end.
+
+`KVProfile.fits(s, o, t)` is the one admission test every policy uses: may a request (s, o) start at t
+so that every future step stays within M? `earliest_start` gives the first step at which it may, if
+nothing else is admitted before; admitting more can only push that later, so it is a valid lower bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.ndimage import maximum_filter1d
+
+_NEG = -(2**62)
+
+
+class KVProfile:
+    """Running requests under budget ``memory``; all queries assume ``advance(t)`` was called first."""
+
+    def __init__(self, memory: int) -> None:
+        self.memory = int(memory)
+        self._c = np.empty(0, dtype=np.int64)  # completion steps, sorted ascending
+        self._base = np.empty(0, dtype=np.int64)  # s - p + 1: slots at step τ are base + τ
+        self._id = np.empty(0, dtype=np.int64)
+        self._dirty = True
+        self._suffix = np.zeros(1, dtype=np.int64)  # suffix sums of base, length R + 1
+        self._pmax = np.empty(0, dtype=np.int64)  # prefix max of U at checkpoints
+
+    # --- mutation -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._c)
+
+    def add(self, rid: int, s: int, o: int, start: int) -> None:
+        c = start + o
+        k = int(np.searchsorted(self._c, c, side="right"))
+        self._c = np.insert(self._c, k, c)
+        self._base = np.insert(self._base, k, s - start + 1)
+        self._id = np.insert(self._id, k, rid)
+        self._dirty = True
+
+    def remove(self, rid: int) -> None:
+        k = np.flatnonzero(self._id == rid)
+        if len(k):
+            self._c = np.delete(self._c, k)
+            self._base = np.delete(self._base, k)
+            self._id = np.delete(self._id, k)
+            self._dirty = True
+
+    def advance(self, t: int) -> list[int]:
+        """Drop requests completed by step t (c ≤ t); returns their ids."""
+        k = int(np.searchsorted(self._c, t, side="right"))
+        if k == 0:
+            return []
+        done = self._id[:k].tolist()
+        self._c, self._base, self._id = self._c[k:], self._base[k:], self._id[k:]
+        self._dirty = True
+        return done
+
+    # --- queries ------------------------------------------------------------------------------
+    def next_completion(self) -> int | None:
+        return int(self._c[0]) if len(self._c) else None
+
+    def last_completion(self) -> int | None:
+        return int(self._c[-1]) if len(self._c) else None
+
+    def ids(self) -> list[int]:
+        return self._id.tolist()
+
+    def _refresh(self) -> None:
+        if not self._dirty:
+            return
+        r = len(self._c)
+        suffix = np.zeros(r + 1, dtype=np.int64)
+        if r:
+            suffix[:r] = np.cumsum(self._base[::-1])[::-1]
+            tau = self._c - 1
+            first = np.searchsorted(self._c, self._c, side="left")  # active at τ_j: c ≥ c_j
+            u = suffix[first] + tau * (r - first) + tau
+            self._pmax = np.maximum.accumulate(u)
+        else:
+            self._pmax = np.empty(0, dtype=np.int64)
+        self._suffix = suffix
+        self._dirty = False
+
+    def usage(self, tau: int | np.ndarray) -> np.ndarray | int:
+        """R(τ) for future steps τ (vectorised)."""
+        self._refresh()
+        idx = np.searchsorted(self._c, tau, side="right")
+        val = self._suffix[idx] + np.asarray(tau) * (len(self._c) - idx)
+        return int(val) if np.ndim(val) == 0 else val
+
+    def fits(self, s: int, o: int, t: int) -> bool:
+        """May (s, o) start at step t with every future step within M?"""
+        if s + o > self.memory:
+            return False
+        if not len(self._c):
+            return True
+        self._refresh()
+        x = t + o - 1
+        limit = self.memory - s - 1 + t
+        j = int(np.searchsorted(self._c, x + 1, side="right"))  # checkpoints c_j - 1 ≤ x
+        if j and int(self._pmax[j - 1]) > limit:
+            return False
+        idx = int(np.searchsorted(self._c, x, side="right"))
+        u_end = int(self._suffix[idx]) + x * (len(self._c) - idx) + x
+        return u_end <= limit
+
+    def earliest_start(self, s: int, o: int, t: int) -> int:
+        """First step t' ≥ t at which (s, o) fits, assuming no further admissions."""
+        if not len(self._c):
+            return t
+        if self.fits(s, o, t):
+            return t
+        horizon = int(self._c[-1])  # from here on nothing runs and s + o ≤ M fits
+        if horizon <= t:
+            return t
+        tau = np.arange(t, horizon, dtype=np.int64)
+        u = self.usage(tau) + tau  # type: ignore[operator]
+        size = min(o, len(u))
+        wmax = maximum_filter1d(u, size=size, origin=-(size // 2), mode="constant", cval=_NEG)
+        ok = np.flatnonzero(wmax - tau <= self.memory - s - 1)
+        return t + int(ok[0]) if len(ok) else horizon
+
+    def first_overflow(self, t: int) -> int | None:
+        """First step τ ≥ t with R(τ) > M, or None."""
+        if not len(self._c):
+            return None
+        self._refresh()
+        r = len(self._c)
+        tau = self._c - 1
+        first = np.searchsorted(self._c, self._c, side="left")
+        at_cp = self._suffix[first] + tau * (r - first)
+        over = np.flatnonzero(at_cp > self.memory)
+        if not len(over):
+            return None
+        j = int(over[0])
+        b, n_act = int(self._suffix[first[j]]), r - int(first[j])
+        # R is linear (b + τ·n) on the piece ending at τ_j; first τ where it passes M:
+        tau0 = (self.memory - b) // n_act + 1
+        piece_start = int(self._c[first[j] - 1]) if first[j] > 0 else t
+        return max(tau0, piece_start, t)

@@ -1,0 +1,1 @@
+"""tetrictl: the operator's command line for Tetri."""

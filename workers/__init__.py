@@ -1,0 +1,1 @@
+"""Tetri prefill/decode workers (engine-facing side of the cluster)."""
