@@ -116,9 +116,7 @@ class _Run:
             self.oq = WaitQueue([self.est[i] if self.start[i] < 0 else INF for i in self.order])
 
     def _waiting_arrived(self, t: int) -> IntArray:
-        return np.array(
-            [i for i in self.order if self.start[i] < 0 and self.a[i] <= t], dtype=np.int64
-        )
+        return np.array([i for i in self.order if self.start[i] < 0 and self.a[i] <= t], dtype=np.int64)
 
     def _maybe_replan(self, t: int) -> None:
         if self.replan is None or not self.pending_replan:
@@ -168,7 +166,8 @@ class _Run:
             self.prof.remove(i)
         for i in self.prof.advance(t):  # estimate ran out but the request is still producing
             produced = t - self.start[i]
-            self.est[i] = max(self.refine(self.est[i], produced, i), produced + 1)
+            new = min(self.refine(self.est[i], produced, i), self.M - self.s[i])
+            self.est[i] = max(new, produced + 1)
             self.prof.add(i, self.s[i], self.est[i], self.start[i])
         while self.truth.first_overflow(t) == t:
             victim = max(self.truth.ids(), key=lambda j: (self.start[j], j))
@@ -209,8 +208,8 @@ class _Run:
     def _admit_skip(self, t: int) -> int:
         """Scan in order, skipping misfits. The order is by non-decreasing o, so a request behind a
         misfit (s_f, o_f) with s ≥ s_f is dominated and cannot fit either: the scan only visits the
-        running minima of s (a short staircase), and the next event is the earliest step any
-        staircase misfit fits, which no dominated request can beat."""
+        running minima of s (a short staircase), and the next event is a lower bound on the earliest
+        step any misfit fits, which no dominated request can beat."""
         sq, prof, s, est, order = self.squeue, self.prof, self.s, self.est, self.order
         while self.next_seen_skip < self.w.n and self.a[self.arrivals[self.next_seen_skip]] <= t:
             i = self.arrivals[self.next_seen_skip]
@@ -229,7 +228,14 @@ class _Run:
                 p = sq.first_leq(s[i] - 1, p + 1)
         if not misfits:
             return INF
-        return min(prof.earliest_start(s[i], est[i], t) for i in misfits)
+        # A misfit with s ≥ the slots free now cannot start before a completion frees some (usage
+        # only grows until then); the others get their exact earliest step.
+        free = self.M - prof.usage_now(t)
+        nxt = prof.next_completion() or INF
+        for i in misfits:
+            if s[i] < free:
+                nxt = min(nxt, prof.earliest_start(s[i], est[i], t))
+        return nxt
 
     # --- main loop -------------------------------------------------------------------------------
     def run(self) -> Schedule:
@@ -304,5 +310,3 @@ def memory_trace(w: Workload, sched: Schedule) -> IntArray:
         slope[e] -= 1
     tau = np.arange(horizon + 2, dtype=np.int64)
     return (np.cumsum(const) + tau * np.cumsum(slope))[:horizon]
-
-

@@ -76,9 +76,7 @@ def solve_lp(w: Workload, memory: int, horizon: int) -> LPSolution:
     own = np.concatenate(owner)
     a_eq = sparse.csr_matrix((np.ones(col), (own, np.arange(col))), shape=(w.n, col))
     if rows:
-        a_ub = sparse.csr_matrix(
-            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(T, col)
-        )
+        a_ub = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(T, col))
         b_ub = np.full(T, float(memory))
     else:
         a_ub, b_ub = None, None

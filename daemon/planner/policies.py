@@ -24,7 +24,7 @@ import numpy as np
 
 from .executor import Schedule, execute
 from .lp import LPTooLarge, lp_order, solve_lp
-from .solvers import SWAP_MAX_N, sorted_f_phase1
+from .solvers import SWAP_MAX_N, Progress, sorted_f_phase1
 from .workload import IntArray, Workload, WorkloadError
 
 POLICIES = (
@@ -67,18 +67,21 @@ def run_policy(
     backfill: bool = False,
     replan_every: int | None = None,
     seed: int = 0,
+    progress: Progress | None = None,
 ) -> PolicyResult:
+    """Plan and execute ``w`` under budget ``memory`` with policy ``name``."""
     check_policy(name)
     idx = np.arange(w.n, dtype=np.int64)
     if name == "fcfs":
         return PolicyResult(name, execute(w, memory, _by(w.a, idx)))
     if name in ("mcsf", "mcsf-skip"):
-        scan = "skip" if name == "mcsf-skip" else "stop"
-        return PolicyResult(name, execute(w, memory, _by(w.o, w.a, idx), scan=scan))
+        order = _by(w.o, w.a, idx)
+        sched = execute(w, memory, order, scan="skip") if name == "mcsf-skip" else execute(w, memory, order)
+        return PolicyResult(name, sched)
     if name == "size":
         return PolicyResult(name, execute(w, memory, _by(w.s + w.o, w.a, idx)))
     if name == "sorted-f":
-        p1 = sorted_f_phase1(w.s, w.o, memory, solver, seed)
+        p1 = sorted_f_phase1(w.s, w.o, memory, solver, seed, progress)
         sched = execute(w, memory, p1.order, backfill=backfill)
         return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
     if name == "sorted-lp":
@@ -91,8 +94,9 @@ def run_policy(
     if name == "sorted-f-amin":
         if w.lo is None or w.hi is None:
             raise WorkloadError("sorted-f-amin needs 'predicted_output' on every request")
-        p1 = sorted_f_phase1(w.s, w.lo, memory, solver, seed)
-        sched = execute(w, memory, p1.order, estimates=w.lo, backfill=backfill)
+        est = np.minimum(w.lo, memory - w.s)  # no request outgrows M (s + o ≤ M is checked)
+        p1 = sorted_f_phase1(w.s, est, memory, solver, seed, progress)
+        sched = execute(w, memory, p1.order, estimates=est, backfill=backfill)
         return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
     # sorted-f-online
     online_solver = solver if solver != "auto" else "swap"

@@ -12,6 +12,8 @@ nothing else is admitted before; admitting more can only push that later, so it 
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 from scipy.ndimage import maximum_filter1d
 
@@ -29,6 +31,9 @@ class KVProfile:
         self._dirty = True
         self._suffix = np.zeros(1, dtype=np.int64)  # suffix sums of base, length R + 1
         self._pmax = np.empty(0, dtype=np.int64)  # prefix max of U at checkpoints
+        self._lc: list[int] = []  # list copies of _c, _suffix, _pmax for fast scalar queries
+        self._ls: list[int] = [0]
+        self._lp: list[int] = []
 
     # --- mutation -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -85,6 +90,7 @@ class KVProfile:
             self._pmax = np.empty(0, dtype=np.int64)
         self._suffix = suffix
         self._dirty = False
+        self._lc, self._ls, self._lp = self._c.tolist(), suffix.tolist(), self._pmax.tolist()
 
     def usage(self, tau: int | np.ndarray) -> np.ndarray | int:
         """R(τ) for future steps τ (vectorised)."""
@@ -100,14 +106,22 @@ class KVProfile:
         if not len(self._c):
             return True
         self._refresh()
+        c = self._lc
         x = t + o - 1
         limit = self.memory - s - 1 + t
-        j = int(np.searchsorted(self._c, x + 1, side="right"))  # checkpoints c_j - 1 ≤ x
-        if j and int(self._pmax[j - 1]) > limit:
+        j = bisect_right(c, x + 1)  # checkpoints c_j - 1 ≤ x
+        if j and self._lp[j - 1] > limit:
             return False
-        idx = int(np.searchsorted(self._c, x, side="right"))
-        u_end = int(self._suffix[idx]) + x * (len(self._c) - idx) + x
-        return u_end <= limit
+        idx = bisect_right(c, x, 0, j)
+        return self._ls[idx] + x * (len(c) - idx) + x <= limit
+
+    def usage_now(self, t: int) -> int:
+        """R(t), the slots held in step t (0 when nothing runs)."""
+        if not len(self._c):
+            return 0
+        self._refresh()
+        idx = bisect_right(self._lc, t)
+        return self._ls[idx] + t * (len(self._lc) - idx)
 
     def earliest_start(self, s: int, o: int, t: int) -> int:
         """First step t' ≥ t at which (s, o) fits, assuming no further admissions."""
@@ -119,7 +133,7 @@ class KVProfile:
         if horizon <= t:
             return t
         tau = np.arange(t, horizon, dtype=np.int64)
-        u = self.usage(tau) + tau  # type: ignore[operator]
+        u = np.asarray(self.usage(tau)) + tau
         size = min(o, len(u))
         wmax = maximum_filter1d(u, size=size, origin=-(size // 2), mode="constant", cval=_NEG)
         ok = np.flatnonzero(wmax - tau <= self.memory - s - 1)

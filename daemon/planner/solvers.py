@@ -19,11 +19,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .workload import IntArray
+from .workload import IntArray, WorkloadError
 
 SOLVERS = ("auto", "dp", "swap", "quantile", "lp")
 DP_CELL_BUDGET = 60_000_000  # n · (k_max + 1) · (M + 1) cells of the DP's choice table
 SWAP_MAX_N = 5_000
+
+
+def check_solver(name: str) -> None:
+    if name not in SOLVERS:
+        raise WorkloadError(f"unknown solver {name!r} (choose from {', '.join(SOLVERS)})")
 
 
 def f_value(o: IntArray, members: IntArray) -> float:
@@ -133,7 +138,7 @@ def swap_batch(s: IntArray, o: IntArray, memory: int, max_moves: int = 10_000) -
                 best_f, best = f_drop, ("drop", a, -1)
         if best is None:
             break
-        kind, a, b = best
+        _, a, b = best
         if a >= 0:
             inside[a] = False
         if b >= 0:
@@ -198,13 +203,21 @@ def choose_solver(n: int, s: IntArray, o: IntArray, memory: int) -> str:
     return "swap" if n <= SWAP_MAX_N else "quantile"
 
 
-BatchFn = Callable[[IntArray, IntArray], IntArray]
+Progress = Callable[[int, int], None]  # (requests placed, total)
 
 
-def sorted_f_phase1(s: IntArray, o: IntArray, memory: int, solver: str = "auto", seed: int = 0) -> Phase1:
+def sorted_f_phase1(
+    s: IntArray,
+    o: IntArray,
+    memory: int,
+    solver: str = "auto",
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Phase1:
     """Build Sorted-F's ordered list over requests with lengths (s, o)."""
-    if solver not in SOLVERS or solver == "lp":
-        raise ValueError(f"unknown phase-1 solver {solver!r} (choose from auto, dp, swap, quantile)")
+    check_solver(solver)
+    if solver == "lp":
+        raise WorkloadError("the lp solver orders by the LP relaxation: use policy sorted-lp")
     n = len(s)
     name = choose_solver(n, s, o, memory) if solver == "auto" else solver
     rng = np.random.default_rng(seed)
@@ -227,5 +240,7 @@ def sorted_f_phase1(s: IntArray, o: IntArray, memory: int, solver: str = "auto",
         keep = np.ones(len(remaining), dtype=bool)
         keep[local] = False
         remaining = remaining[keep]
+        if progress is not None:
+            progress(n - len(remaining), n)
     order = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
     return Phase1(order, batches, name, iters)

@@ -1,0 +1,125 @@
+"""The plan file: the public JSON format `tetrictl plan solve` writes and the live replay reads.
+
+    {
+      "format": "tetri-plan/1",
+      "memory": M, "policy": "sorted-f", "solver": "swap", "backfill": false,
+      "batches": [["id", ...], ...],          # Sorted-F's ordered list, batch by batch
+      "schedule": [{"id", "start", "finish"}, ...],
+      "tel", "avg_latency", "p50_latency", "p99_latency", "makespan", "peak_memory", "evictions",
+      "solver_stats": {"wall_time_s", "iterations", "batches"},
+      "n": requests planned, "dropped": oversized requests left out
+    }
+
+Executing a plan means admitting in the order of its batches, flattened (or, for a plan without
+batches, in order of planned start) with the stop rule.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .executor import Schedule
+from .metrics import summarize
+from .policies import PolicyResult
+from .workload import IntArray, Workload, WorkloadError
+
+FORMAT = "tetri-plan/1"
+
+
+def schedule_rows(w: Workload, sched: Schedule) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for i in range(w.n):
+        row: dict[str, Any] = {"id": w.ids[i], "start": int(sched.start[i]), "finish": int(sched.finish[i])}
+        rows.append(row)
+    for i, p, e in sched.evictions:
+        rows[i].setdefault("evicted", []).append([p, e])
+    return rows
+
+
+def build_plan(w: Workload, memory: int, result: PolicyResult, wall_time_s: float, dropped: int = 0) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "memory": memory,
+        "policy": result.policy,
+        "solver": result.solver,
+        "backfill": result.backfill,
+        "batches": [[w.ids[i] for i in b.tolist()] for b in result.batches],
+        "schedule": schedule_rows(w, result.schedule),
+    }
+    doc.update(summarize(w, result.schedule))
+    doc["solver_stats"] = {
+        "wall_time_s": round(wall_time_s, 6),
+        "iterations": result.iterations,
+        "batches": len(result.batches),
+    }
+    doc["n"] = w.n
+    doc["dropped"] = dropped
+    return doc
+
+
+@dataclass
+class Plan:
+    memory: int
+    policy: str
+    order: list[str]  # ids in admission order
+    backfill: bool
+    tel: int | None
+    doc: dict[str, Any]
+
+
+def parse_plan(text: str, source: str = "plan") -> Plan:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WorkloadError(f"{source}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(doc, dict):
+        raise WorkloadError(f"{source}: expected a JSON object")
+    memory = doc.get("memory")
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 2:
+        raise WorkloadError(f"{source}: field 'memory' must be an integer ≥ 2")
+    batches = doc.get("batches", [])
+    if not isinstance(batches, list) or not all(
+        isinstance(b, list) and all(isinstance(x, str) for x in b) for b in batches
+    ):
+        raise WorkloadError(f"{source}: field 'batches' must be a list of lists of ids")
+    order = [x for b in batches for x in b]
+    if not order:
+        sched = doc.get("schedule")
+        if not isinstance(sched, list) or not sched:
+            raise WorkloadError(f"{source}: needs 'batches' or 'schedule'")
+        try:
+            rows = sorted(sched, key=lambda r: (int(r["start"]), str(r["id"])))
+        except (KeyError, TypeError, ValueError):
+            raise WorkloadError(f"{source}: every schedule entry needs 'id' and integer 'start'") from None
+        order = [str(r["id"]) for r in rows]
+    tel = doc.get("tel")
+    return Plan(
+        memory,
+        str(doc.get("policy", "plan")),
+        order,
+        bool(doc.get("backfill", False)),
+        tel if isinstance(tel, int) else None,
+        doc,
+    )
+
+
+def plan_order(plan: Plan, w: Workload, source: str = "plan") -> IntArray:
+    """Map the plan's ids onto the workload; every id must be known and every request planned once."""
+    index = {rid: i for i, rid in enumerate(w.ids)}
+    seen: set[str] = set()
+    out = []
+    for rid in plan.order:
+        if rid not in index:
+            raise WorkloadError(f"{source}: names unknown request {rid!r}")
+        if rid in seen:
+            raise WorkloadError(f"{source}: request {rid!r} planned twice")
+        seen.add(rid)
+        out.append(index[rid])
+    if len(out) != w.n:
+        missing = next(r for r in w.ids if r not in seen)
+        raise WorkloadError(f"{source}: does not plan request {missing!r} ({w.n - len(out)} missing)")
+    return np.array(out, dtype=np.int64)

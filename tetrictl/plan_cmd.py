@@ -1,0 +1,305 @@
+"""`tetrictl plan …`: the offline KV-budget planner (Sorted-F and baselines) from the terminal.
+
+A thin shell: it reads and writes files, times the solves and prints; every decision is made by
+`daemon.planner`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from daemon.planner import generate as gen
+from daemon.planner.bounds import best_bound
+from daemon.planner.lp import LP_MAX_NONZEROS, lp_nonzeros
+from daemon.planner.metrics import summarize
+from daemon.planner.planfile import build_plan, parse_plan, plan_order, schedule_rows
+from daemon.planner.policies import POLICIES, PolicyResult, check_policy, run_order, run_policy
+from daemon.planner.solvers import check_solver
+from daemon.planner.workload import Workload, WorkloadError, dump_jsonl, parse_jsonl
+
+from .output import print_json, progress, table, user_errors
+
+app = typer.Typer(
+    help="Offline KV-budget planner: Sorted-F, its solvers, baselines and lower bounds.", no_args_is_help=True
+)
+
+WorkloadArg = Annotated[Path, typer.Argument(help="Workload, JSON Lines (one request a line).")]
+MemoryOpt = Annotated[int, typer.Option("--memory", "-M", help="KV budget M in token slots.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
+DropOpt = Annotated[bool, typer.Option("--drop-oversized", help="Drop requests with s+o > M instead of failing.")]
+SolverOpt = Annotated[str, typer.Option("--solver", help="Phase-1 solver: auto, dp, swap, quantile or lp.")]
+BackfillOpt = Annotated[bool, typer.Option("--backfill", help="Backfill requests that finish before a blocked head.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for sampling (quantile solver, generators).")]
+
+
+def _load(path: Path, memory: int, drop: bool) -> tuple[Workload, int]:
+    w = parse_jsonl(path.read_text(encoding="utf-8").splitlines(), source=str(path))
+    return w.check_memory(memory, drop)
+
+
+def _read_plan(path: Path) -> Any:
+    return parse_plan(path.read_text(encoding="utf-8"), source=str(path))
+
+
+def _timed(fn: Any, *args: Any, **kw: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    res = fn(*args, **kw)
+    return res, time.perf_counter() - t0
+
+
+@app.command("gen")
+def gen_cmd(
+    mix: Annotated[
+        str, typer.Option("--mix", help="Classes and shares, e.g. short:0.8,long:0.2.")
+    ] = "short:0.8,long:0.2",
+    n: Annotated[int, typer.Option("-n", help="Number of requests.")] = 2000,
+    seed: SeedOpt = 0,
+    output: Annotated[str, typer.Option("-o", "--output", help="Output file ('-' for stdout).")] = "-",
+    rate: Annotated[float | None, typer.Option("--rate", help="Poisson arrivals, requests per step.")] = None,
+    accuracy: Annotated[
+        float | None, typer.Option("--accuracy", help="Add predicted ranges right with this probability.")
+    ] = None,
+    bucket: Annotated[int, typer.Option("--bucket", help="Width of a predicted range (tokens).")] = 200,
+    json_out: JsonOpt = False,
+) -> None:
+    """Generate a synthetic workload (chat-like `short`, document-summarisation `long`)."""
+    with user_errors():
+        if json_out and output == "-":
+            raise WorkloadError("--json prints a summary: give the workload a file with -o")
+        w = gen.generate(gen.Mix.parse(mix), n, seed, rate, accuracy, bucket)
+        text = dump_jsonl(w)
+        if output == "-":
+            typer.echo(text, nl=False)
+            return
+        Path(output).write_text(text, encoding="utf-8")
+    summary = {
+        "path": output,
+        "n": w.n,
+        "mean_prompt_tokens": float(w.s.mean()),
+        "mean_output_tokens": float(w.o.mean()),
+        "max_peak_tokens": int(w.peak.max()),
+        "last_arrival": int(w.a.max()),
+        "predicted": w.lo is not None,
+    }
+    if json_out:
+        print_json(summary)
+    else:
+        table(f"wrote {output}", ["field", "value"], list(summary.items()))
+
+
+@app.command("solve")
+def solve_cmd(
+    workload: WorkloadArg,
+    memory: MemoryOpt,
+    solver: SolverOpt = "auto",
+    policy: Annotated[str, typer.Option("--policy", help="sorted-f, sorted-f-amin or sorted-lp.")] = "sorted-f",
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan file here.")] = None,
+    backfill: BackfillOpt = False,
+    drop: DropOpt = False,
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Plan a backlog with Sorted-F and write the plan file."""
+    with user_errors():
+        check_solver(solver)
+        check_policy(policy)
+        if solver == "lp":
+            policy = "sorted-lp"
+        if policy not in ("sorted-f", "sorted-f-amin", "sorted-lp"):
+            raise WorkloadError(f"solve plans with sorted-f, sorted-f-amin or sorted-lp, not {policy!r}")
+        w, dropped = _load(workload, memory, drop)
+        with progress("planning", json_out) as bar:
+            res, wall = _timed(run_policy, policy, w, memory, solver=solver, backfill=backfill, seed=seed, progress=bar)
+        doc = build_plan(w, memory, res, wall, dropped)
+        if output is not None:
+            output.write_text(_dumps(doc), encoding="utf-8")
+    if json_out:
+        print_json(doc)
+        return
+    _print_summary(f"{policy} ({res.solver}) plan" + (f" → {output}" if output else ""), doc)
+
+
+def _dumps(doc: Any) -> str:
+    import json
+
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def _print_summary(title: str, doc: dict[str, Any]) -> None:
+    keys = ["n", "dropped", "tel", "avg_latency", "p50_latency", "p99_latency", "makespan", "peak_memory", "evictions"]
+    rows = [(k, doc[k]) for k in keys if k in doc]
+    if "solver_stats" in doc:
+        rows += [(f"solver {k}", v) for k, v in doc["solver_stats"].items()]
+    table(title, ["metric", "value"], rows)
+
+
+@app.command("simulate")
+def simulate_cmd(
+    workload: WorkloadArg,
+    memory: Annotated[int | None, typer.Option("--memory", "-M", help="KV budget M (default: the plan's).")] = None,
+    policy: Annotated[str, typer.Option("--policy", help=f"One of {', '.join(POLICIES)}.")] = "sorted-f",
+    plan: Annotated[Path | None, typer.Option("--plan", help="Execute this plan file's order instead.")] = None,
+    solver: SolverOpt = "auto",
+    backfill: BackfillOpt = False,
+    replan_every: Annotated[
+        int | None,
+        typer.Option("--replan-every", help="sorted-f-online: re-plan every K steps (default: at arrivals)."),
+    ] = None,
+    drop: DropOpt = False,
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Execute a policy (or a plan) on a workload: metrics and the full schedule."""
+    with user_errors():
+        check_policy(policy)
+        check_solver(solver)
+        if replan_every is not None and replan_every < 1:
+            raise WorkloadError("--replan-every must be at least 1")
+        the_plan = _read_plan(plan) if plan is not None else None
+        if memory is None:
+            if the_plan is None:
+                raise WorkloadError("--memory is required (or give --plan)")
+            memory = the_plan.memory
+        w, dropped = _load(workload, memory, drop)
+        if the_plan is not None:
+            order = plan_order(the_plan, w, source=str(plan))
+            sched, wall = _timed(run_order, w, memory, order, backfill or the_plan.backfill)
+            name = f"plan:{the_plan.policy}"
+        else:
+            with progress(policy, json_out) as bar:
+                res, wall = _timed(
+                    run_policy,
+                    policy,
+                    w,
+                    memory,
+                    solver=solver,
+                    backfill=backfill,
+                    replan_every=replan_every,
+                    seed=seed,
+                    progress=bar,
+                )
+            sched, name = res.schedule, policy
+    doc: dict[str, Any] = {"policy": name, "memory": memory, "n": w.n, "dropped": dropped}
+    doc.update(summarize(w, sched))
+    doc["wall_time_s"] = round(wall, 6)
+    doc["schedule"] = schedule_rows(w, sched)
+    if json_out:
+        print_json(doc)
+        return
+    _print_summary(f"{name} under M = {memory:,}", doc)
+
+
+def _default_policies(w: Workload, memory: int) -> list[str]:
+    names = ["fcfs", "mcsf", "mcsf-skip", "size", "sorted-f"]
+    horizon_guess = int(w.a.max() + w.o.sum())
+    if lp_nonzeros(w, min(horizon_guess, 10 * int(w.o.max()) + int(w.a.max()))) <= LP_MAX_NONZEROS:
+        names.append("sorted-lp")
+    if w.lo is not None:
+        names.append("sorted-f-amin")
+    if int(w.a.max()) > 0:
+        names.append("sorted-f-online")
+    return names
+
+
+@app.command("compare")
+def compare_cmd(
+    workload: WorkloadArg,
+    memory: MemoryOpt,
+    policies: Annotated[
+        str | None, typer.Option("--policies", help="Comma-separated policies (default: all that apply).")
+    ] = None,
+    solver: SolverOpt = "auto",
+    backfill: BackfillOpt = False,
+    lp: Annotated[
+        bool, typer.Option("--lp/--no-lp", help="Try the LP lower bound when the instance is small enough.")
+    ] = True,
+    drop: DropOpt = False,
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compare policies: latency, makespan, ratio to the best policy and to the lower bound."""
+    with user_errors():
+        check_solver(solver)
+        w, dropped = _load(workload, memory, drop)
+        names = [p.strip() for p in policies.split(",") if p.strip()] if policies else _default_policies(w, memory)
+        for name in names:
+            check_policy(name)
+        results: dict[str, tuple[PolicyResult, float]] = {}
+        with progress("comparing", json_out) as bar:
+            for k, name in enumerate(names):
+                results[name] = _timed(run_policy, name, w, memory, solver=solver, backfill=backfill, seed=seed)
+                bar(k + 1, len(names))
+        horizon = min(int(r.schedule.finish.max()) for r, _ in results.values())
+        bound = best_bound(w, memory, horizon, use_lp=lp)
+    rows: list[dict[str, Any]] = []
+    for name, (res, wall) in results.items():
+        m = summarize(w, res.schedule)
+        rows.append({"policy": name, "solver": res.solver, **m, "solve_time_s": round(wall, 6)})
+    best = min(r["avg_latency"] for r in rows)
+    for r in rows:
+        r["ratio_to_best"] = r["avg_latency"] / best
+        r["ratio_to_bound"] = r["tel"] / bound.lower_bound if bound.lower_bound else None
+    doc = {
+        "memory": memory,
+        "n": w.n,
+        "dropped": dropped,
+        "lower_bound": {
+            "value": bound.lower_bound,
+            "method": bound.method,
+            "cheap": bound.cheap,
+            "lp": bound.lp,
+            "detail": bound.detail,
+        },
+        "policies": rows,
+    }
+    if json_out:
+        print_json(doc)
+        return
+    table(
+        f"{w.n:,} requests, M = {memory:,}; lower bound {bound.lower_bound / w.n:,.1f} avg ({bound.method})",
+        ["policy", "avg", "p50", "p99", "makespan", "× best", "× bound", "solve s"],
+        [
+            (
+                r["policy"],
+                r["avg_latency"],
+                r["p50_latency"],
+                r["p99_latency"],
+                r["makespan"],
+                r["ratio_to_best"],
+                r["ratio_to_bound"],
+                r["solve_time_s"],
+            )
+            for r in rows
+        ],
+    )
+
+
+@app.command("bound")
+def bound_cmd(
+    workload: WorkloadArg,
+    memory: MemoryOpt,
+    lp: Annotated[bool, typer.Option("--lp/--no-lp", help="Try the LP relaxation when small enough.")] = True,
+    drop: DropOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """A lower bound on total end-to-end latency (TEL) valid for every feasible schedule."""
+    with user_errors():
+        w, _ = _load(workload, memory, drop)
+        horizon = int(run_policy("sorted-f", w, memory).schedule.finish.max()) if lp else None
+        b = best_bound(w, memory, horizon, use_lp=lp)
+    doc = {
+        "lower_bound": b.lower_bound,
+        "method": b.method,
+        "cheap": b.cheap,
+        "lp": b.lp,
+        "avg_latency_bound": b.lower_bound / w.n,
+        "detail": b.detail,
+    }
+    if json_out:
+        print_json(doc)
+        return
+    table("TEL lower bound", ["field", "value"], list(doc.items()))
