@@ -76,6 +76,8 @@ class _Run:
     ) -> None:
         if scan == "skip" and (backfill or replan is not None):
             raise ValueError("backfill and re-planning apply to the stop scan only")
+        if replan is not None and estimates is not None:
+            raise ValueError("re-planning with estimated lengths is not supported")
         admit_len = estimates if estimates is not None else w.o
         if scan == "skip" and np.any(np.diff(admit_len[np.asarray(order)]) < 0):
             raise ValueError("the skip scan needs an order by non-decreasing output length")
@@ -101,6 +103,7 @@ class _Run:
         self.next_arrival = 0  # pointer into arrivals: first not yet seen
         self.pending_replan = False
         self.last_replan = -INF
+        self.arrived_waiting: set[int] = set()  # for re-planning only
         self._set_order(np.asarray(order, dtype=np.int64))
 
     # --- priority order --------------------------------------------------------------------------
@@ -115,18 +118,15 @@ class _Run:
         if self.backfill:
             self.oq = WaitQueue([self.est[i] if self.start[i] < 0 else INF for i in self.order])
 
-    def _waiting_arrived(self, t: int) -> IntArray:
-        return np.array([i for i in self.order if self.start[i] < 0 and self.a[i] <= t], dtype=np.int64)
-
     def _maybe_replan(self, t: int) -> None:
+        """Receding horizon: the new order holds only the arrived, waiting requests; later arrivals
+        join at the next re-plan (at their arrival, or within K steps)."""
         if self.replan is None or not self.pending_replan:
             return
         if self.replan_every is not None and t < self.last_replan + self.replan_every:
             return
-        waiting = self._waiting_arrived(t)
-        head = self.replan(waiting, t) if len(waiting) else waiting
-        rest = [i for i in self.order if self.start[i] < 0 and self.a[i] > t]
-        self._set_order(np.concatenate([np.asarray(head, dtype=np.int64), np.asarray(rest, dtype=np.int64)]))
+        waiting = np.array(sorted(self.arrived_waiting), dtype=np.int64)
+        self._set_order(np.asarray(self.replan(waiting, t), dtype=np.int64) if len(waiting) else waiting)
         self.pending_replan = False
         self.last_replan = t
         self.replans += 1
@@ -134,6 +134,7 @@ class _Run:
     # --- state changes ---------------------------------------------------------------------------
     def _begin(self, i: int, t: int) -> None:
         self.start[i] = t
+        self.arrived_waiting.discard(i)
         p = self.pos[i]
         self.queue.set(p, INF)
         if self.scan == "skip":
@@ -244,6 +245,8 @@ class _Run:
         while self.remaining > 0:
             self.events += 1
             while self.next_arrival < n and self.a[self.arrivals[self.next_arrival]] <= t:
+                if self.replan is not None:
+                    self.arrived_waiting.add(self.arrivals[self.next_arrival])
                 self.next_arrival += 1
                 self.pending_replan = True
             if self.amin:

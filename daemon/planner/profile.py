@@ -25,72 +25,74 @@ class KVProfile:
 
     def __init__(self, memory: int) -> None:
         self.memory = int(memory)
-        self._c = np.empty(0, dtype=np.int64)  # completion steps, sorted ascending
-        self._base = np.empty(0, dtype=np.int64)  # s - p + 1: slots at step τ are base + τ
-        self._id = np.empty(0, dtype=np.int64)
+        # The running set, sorted by completion step: Python lists are the source of truth (cheap
+        # inserts); numpy copies and the derived arrays are rebuilt lazily when a query needs them.
+        self._lc: list[int] = []  # completion steps c, ascending
+        self._lb: list[int] = []  # s - p + 1: slots at step τ are base + τ
+        self._li: list[int] = []  # request ids
         self._dirty = True
+        self._c = np.empty(0, dtype=np.int64)
         self._suffix = np.zeros(1, dtype=np.int64)  # suffix sums of base, length R + 1
-        self._pmax = np.empty(0, dtype=np.int64)  # prefix max of U at checkpoints
-        self._lc: list[int] = []  # list copies of _c, _suffix, _pmax for fast scalar queries
-        self._ls: list[int] = [0]
+        self._pmax = np.empty(0, dtype=np.int64)  # prefix max of U = R(τ) + τ at checkpoints
+        self._ls: list[int] = [0]  # list copies of _suffix and _pmax for scalar queries
         self._lp: list[int] = []
 
     # --- mutation -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._c)
+        return len(self._lc)
 
     def add(self, rid: int, s: int, o: int, start: int) -> None:
         c = start + o
-        k = int(np.searchsorted(self._c, c, side="right"))
-        self._c = np.insert(self._c, k, c)
-        self._base = np.insert(self._base, k, s - start + 1)
-        self._id = np.insert(self._id, k, rid)
+        k = bisect_right(self._lc, c)
+        self._lc.insert(k, c)
+        self._lb.insert(k, s - start + 1)
+        self._li.insert(k, rid)
         self._dirty = True
 
     def remove(self, rid: int) -> None:
-        k = np.flatnonzero(self._id == rid)
-        if len(k):
-            self._c = np.delete(self._c, k)
-            self._base = np.delete(self._base, k)
-            self._id = np.delete(self._id, k)
+        if rid in self._li:
+            k = self._li.index(rid)
+            del self._lc[k], self._lb[k], self._li[k]
             self._dirty = True
 
     def advance(self, t: int) -> list[int]:
         """Drop requests completed by step t (c ≤ t); returns their ids."""
-        k = int(np.searchsorted(self._c, t, side="right"))
+        k = bisect_right(self._lc, t)
         if k == 0:
             return []
-        done = self._id[:k].tolist()
-        self._c, self._base, self._id = self._c[k:], self._base[k:], self._id[k:]
+        done = self._li[:k]
+        del self._lc[:k], self._lb[:k], self._li[:k]
         self._dirty = True
         return done
 
     # --- queries ------------------------------------------------------------------------------
     def next_completion(self) -> int | None:
-        return int(self._c[0]) if len(self._c) else None
+        return self._lc[0] if self._lc else None
 
     def last_completion(self) -> int | None:
-        return int(self._c[-1]) if len(self._c) else None
+        return self._lc[-1] if self._lc else None
 
     def ids(self) -> list[int]:
-        return self._id.tolist()
+        return list(self._li)
 
     def _refresh(self) -> None:
         if not self._dirty:
             return
-        r = len(self._c)
+        r = len(self._lc)
+        self._c = c = np.array(self._lc, dtype=np.int64)
         suffix = np.zeros(r + 1, dtype=np.int64)
         if r:
-            suffix[:r] = np.cumsum(self._base[::-1])[::-1]
-            tau = self._c - 1
-            first = np.searchsorted(self._c, self._c, side="left")  # active at τ_j: c ≥ c_j
+            base = np.array(self._lb, dtype=np.int64)
+            suffix[:r] = np.cumsum(base[::-1])[::-1]
+            tau = c - 1
+            first = np.searchsorted(c, c, side="left")  # active at τ_j: c ≥ c_j
             u = suffix[first] + tau * (r - first) + tau
             self._pmax = np.maximum.accumulate(u)
         else:
             self._pmax = np.empty(0, dtype=np.int64)
         self._suffix = suffix
         self._dirty = False
-        self._lc, self._ls, self._lp = self._c.tolist(), suffix.tolist(), self._pmax.tolist()
+        self._ls, self._lp = suffix.tolist(), self._pmax.tolist()
 
     def usage(self, tau: int | np.ndarray) -> np.ndarray | int:
         """R(τ) for future steps τ (vectorised)."""
@@ -103,7 +105,7 @@ class KVProfile:
         """May (s, o) start at step t with every future step within M?"""
         if s + o > self.memory:
             return False
-        if not len(self._c):
+        if not self._lc:
             return True
         self._refresh()
         c = self._lc
@@ -117,7 +119,7 @@ class KVProfile:
 
     def usage_now(self, t: int) -> int:
         """R(t), the slots held in step t (0 when nothing runs)."""
-        if not len(self._c):
+        if not self._lc:
             return 0
         self._refresh()
         idx = bisect_right(self._lc, t)
@@ -125,11 +127,11 @@ class KVProfile:
 
     def earliest_start(self, s: int, o: int, t: int) -> int:
         """First step t' ≥ t at which (s, o) fits, assuming no further admissions."""
-        if not len(self._c):
+        if not self._lc:
             return t
         if self.fits(s, o, t):
             return t
-        horizon = int(self._c[-1])  # from here on nothing runs and s + o ≤ M fits
+        horizon = self._lc[-1]  # from here on nothing runs and s + o ≤ M fits
         if horizon <= t:
             return t
         tau = np.arange(t, horizon, dtype=np.int64)
@@ -141,7 +143,7 @@ class KVProfile:
 
     def first_overflow(self, t: int) -> int | None:
         """First step τ ≥ t with R(τ) > M, or None."""
-        if not len(self._c):
+        if not self._lc:
             return None
         self._refresh()
         r = len(self._c)
