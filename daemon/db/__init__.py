@@ -1,0 +1,1 @@
+"""Request status tables: SQLAlchemy models, the store (batched writes, recovery), migrations."""

@@ -1,0 +1,92 @@
+"""The engine interface every worker drives: prefill, KV hand-over, decode, colocated generation.
+
+Contract (both the sim engine and the vLLM engine keep it):
+
+* Tokens are ints. ``prefill`` returns the first output token (index 0) and a `KVHandle` for the
+  prompt's KV, which the engine keeps until ``release_kv`` (after the hand-over) or ``abort``.
+* A decode engine ``load_kv`` s a handle (waiting for the transfer), then ``decode`` yields the tokens
+  at indices 1 … max_tokens − 1 as they are produced. ``generate`` (colocated) yields indices
+  0 … max_tokens − 1. Iterators end after the last token; ``abort`` ends them early.
+* ``usage()`` never blocks: capacity and usage in KV tokens, queue and running counts, recent tokens/s.
+* Engines are async and run their own batching loop; ``start``/``stop`` own that task.
+* Errors a caller can act on raise `EngineError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+class EngineError(RuntimeError):
+    """A request the engine cannot serve (too long, aborted, KV lost)."""
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class KVHandle:
+    request_id: str
+    num_tokens: int
+    num_bytes: int
+    source_instance_id: str
+    params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrefillOutput:
+    first_token: int
+    kv: KVHandle
+
+
+@dataclass(frozen=True)
+class EngineUsage:
+    kv_capacity_tokens: int
+    kv_used_tokens: int
+    running: int
+    waiting: int
+    tokens_per_s: float
+    preemptions: int = 0
+
+
+class Engine(ABC):
+    model_name: str
+    max_model_len: int
+    instance_id: str
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Start the batching loop."""
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        """Stop the loop; pending iterators end with EngineError."""
+
+    @abstractmethod
+    async def prefill(self, req: EngineRequest) -> PrefillOutput: ...
+
+    @abstractmethod
+    async def load_kv(self, req: EngineRequest, kv: KVHandle) -> None: ...
+
+    @abstractmethod
+    def decode(self, req: EngineRequest, first_token: int) -> AsyncIterator[int]: ...
+
+    @abstractmethod
+    def generate(self, req: EngineRequest) -> AsyncIterator[int]: ...
+
+    @abstractmethod
+    async def release_kv(self, request_id: str) -> None: ...
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None: ...
+
+    @abstractmethod
+    def usage(self) -> EngineUsage: ...

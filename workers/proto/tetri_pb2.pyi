@@ -1,0 +1,186 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "max_tokens", "decode_instance_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_tokens: int
+    decode_instance_id: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., decode_instance_id: _Optional[str] = ...) -> None: ...
+
+class KVHandle(_message.Message):
+    __slots__ = ("request_id", "num_tokens", "num_bytes", "source_instance_id", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_tokens: int
+    num_bytes: int
+    source_instance_id: str
+    params: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_bytes: _Optional[int] = ..., source_instance_id: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Handoff(_message.Message):
+    __slots__ = ("decode_instance_id", "decode_address")
+    DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    decode_instance_id: str
+    decode_address: str
+    def __init__(self, decode_instance_id: _Optional[str] = ..., decode_address: _Optional[str] = ...) -> None: ...
+
+class TokenChunk(_message.Message):
+    __slots__ = ("request_id", "token_ids", "finished", "finish_reason", "handoff", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finished: bool
+    finish_reason: str
+    handoff: Handoff
+    error: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., handoff: _Optional[_Union[Handoff, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class AcceptRequest(_message.Message):
+    __slots__ = ("request", "first_token", "kv")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
+    request: GenerateRequest
+    first_token: int
+    kv: KVHandle
+    def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., first_token: _Optional[int] = ..., kv: _Optional[_Union[KVHandle, _Mapping]] = ...) -> None: ...
+
+class AcceptReply(_message.Message):
+    __slots__ = ("accepted", "reason")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AttachRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class CancelReply(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoReply(_message.Message):
+    __slots__ = ("instance_id", "role", "model", "max_model_len", "load")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    role: str
+    model: str
+    max_model_len: int
+    load: LoadReport
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
+
+class LoadReport(_message.Message):
+    __slots__ = ("instance_id", "role", "state", "queued", "running", "kv_used_tokens", "kv_capacity_tokens", "tokens_per_s", "preemptions", "timestamp")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    role: str
+    state: str
+    queued: int
+    running: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    tokens_per_s: float
+    preemptions: int
+    timestamp: float
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    role: str
+    address: str
+    model: str
+    max_model_len: int
+    kv_capacity_tokens: int
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("accepted", "reason", "report_interval_s")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    report_interval_s: float
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
+
+class DecodeInstanceLoad(_message.Message):
+    __slots__ = ("instance_id", "address", "load")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    address: str
+    load: LoadReport
+    def __init__(self, instance_id: _Optional[str] = ..., address: _Optional[str] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
+
+class DecodeLoadBroadcast(_message.Message):
+    __slots__ = ("instances", "timestamp")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[DecodeInstanceLoad]
+    timestamp: float
+    def __init__(self, instances: _Optional[_Iterable[_Union[DecodeInstanceLoad, _Mapping]]] = ..., timestamp: _Optional[float] = ...) -> None: ...
