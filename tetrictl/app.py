@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from . import plan_cmd
+from . import cluster_cmd, plan_cmd
 
 app = typer.Typer(
     name="tetrictl",
-    help="Operate Tetri: plan backlogs offline (`plan`), and later run and inspect the live cluster.",
+    help="Operate Tetri: run the cluster (`up`, `daemon`, `worker`) and plan backlogs offline (`plan`).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
 app.add_typer(plan_cmd.app, name="plan")
+app.add_typer(cluster_cmd.daemon_app, name="daemon")
+app.add_typer(cluster_cmd.worker_app, name="worker")
+app.command("up")(cluster_cmd.up)
 
 
 def main() -> None:

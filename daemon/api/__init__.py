@@ -1,0 +1,1 @@
+"""The daemon's HTTP API: OpenAI-compatible completions, the admin API, metrics and health."""

@@ -1,0 +1,107 @@
+"""The admin API under /api/v1: cluster summary, instances, requests, one request's timeline, cancel.
+
+Status-table reads go to the database (writes are batched, so a request may appear there up to one
+flush interval after it arrives); in-flight requests are overlaid from memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+
+from ..db.models import Phase, Status
+from ..gateway import Gateway
+from .auth import require_admin
+
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)])
+
+
+def _gw(request: Request) -> Gateway:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+@router.get("/cluster")
+async def cluster(request: Request) -> dict[str, Any]:
+    gw = _gw(request)
+    store = request.app.state.store
+    counts = await asyncio.to_thread(store.count_by_status)
+    instances = [i.to_dict() for i in gw.cluster.instances.values()]
+    by_role: dict[str, dict[str, int]] = {}
+    for inst in instances:
+        r = by_role.setdefault(str(inst["role"]), {"total": 0, "active": 0})
+        r["total"] += 1
+        r["active"] += inst["state"] == "active"
+    phases: dict[str, int] = {}
+    for fl in gw.inflight.values():
+        phases[fl.phase.value] = phases.get(fl.phase.value, 0) + 1
+    return {
+        "model": gw.model, "mode": request.app.state.mode, "uptime_s": time.time() - request.app.state.started,
+        "instances": by_role, "inflight": len(gw.inflight), "inflight_by_phase": phases,
+        "requests_by_status": counts, "max_model_len": gw.max_model_len(),
+    }
+
+
+@router.get("/instances")
+async def instances(request: Request) -> dict[str, Any]:
+    return {"instances": [i.to_dict() for i in _gw(request).cluster.instances.values()]}
+
+
+@router.get("/instances/{instance_id}")
+async def instance(instance_id: str, request: Request) -> dict[str, Any]:
+    inst = _gw(request).cluster.instances.get(instance_id)
+    if inst is None:
+        raise HTTPException(404, detail=f"no instance {instance_id!r}")
+    return inst.to_dict()
+
+
+@router.get("/requests")
+async def requests(
+    request: Request,
+    phase: Phase | None = None,
+    status: Status | None = None,
+    limit: int = Query(50, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    rows, total = await asyncio.to_thread(
+        request.app.state.store.list_requests, phase.value if phase else None, status.value if status else None,
+        limit, offset,
+    )
+    return {"requests": rows, "total": total, "limit": limit, "offset": offset}
+
+
+@router.get("/requests/{request_id}")
+async def one_request(request_id: str, request: Request) -> dict[str, Any]:
+    gw = _gw(request)
+    row = await asyncio.to_thread(request.app.state.store.get_request, request_id)
+    fl = gw.inflight.get(request_id)
+    if row is None and fl is None:
+        raise HTTPException(404, detail=f"no request {request_id!r}")
+    out: dict[str, Any] = dict(row or {"id": request_id})
+    if fl is not None:
+        out.update(phase=fl.phase.value, status=Status.RUNNING.value, prefill_instance=fl.prefill_instance,
+                   decode_instance=fl.decode_instance, output_tokens=fl.produced)
+        out["timeline"] = [{"phase": p, "ts": ts} for p, ts in fl.timeline]
+    else:
+        out["timeline"] = _timeline(out)
+    return out
+
+
+def _timeline(row: dict[str, Any]) -> list[dict[str, Any]]:
+    points = [("queued", row.get("arrival_ts")), ("prefill", row.get("prefill_start_ts")),
+              ("first_token", row.get("first_token_ts")), ("decode", row.get("decode_start_ts")),
+              ("done", row.get("finished_ts"))]
+    return [{"phase": p, "ts": ts} for p, ts in points if ts is not None]
+
+
+@router.post("/requests/{request_id}/cancel")
+async def cancel(request_id: str, request: Request) -> dict[str, Any]:
+    gw = _gw(request)
+    if await gw.cancel(request_id):
+        return {"id": request_id, "cancelled": True}
+    row = await asyncio.to_thread(request.app.state.store.get_request, request_id)
+    if row is None:
+        raise HTTPException(404, detail=f"no request {request_id!r}")
+    raise HTTPException(409, detail=f"request {request_id!r} is not in flight (status {row['status']})")

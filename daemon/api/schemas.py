@@ -1,0 +1,65 @@
+"""The one place that owns the HTTP API's wire formats (OpenAI-compatible and admin)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TetriExtension(BaseModel):
+    """Per-request SLA targets, sent as ``"tetri": {...}`` (``extra_body`` in the openai client)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sla_ttft_ms: float | None = Field(None, gt=0)
+    sla_jct_ms: float | None = Field(None, gt=0)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = True
+
+
+class CompletionRequest(BaseModel):
+    """POST /v1/completions. Unknown OpenAI fields are accepted and ignored (as vLLM does)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int = 16
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    user: str | None = None
+    return_token_ids: bool = False
+    tetri: TetriExtension | None = None
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def completion_chunk(
+    rid: str, created: int, model: str, text: str, finish_reason: str | None,
+    usage: dict[str, int] | None = None, token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                            "choices": [choice]}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "tetri"
+    max_model_len: int | None = None

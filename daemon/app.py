@@ -1,0 +1,134 @@
+"""The daemon process: FastAPI (OpenAI + admin + metrics + health) and the ControlPlane gRPC service
+in one asyncio loop, over the status tables.
+
+Start-up: migrate the database, mark requests left in flight by a previous run `interrupted`, start the
+batched writer, the gRPC service and the cluster monitor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from workers.proto import rpc
+
+from .api import admin, openai
+from .api.schemas import error_body
+from .cluster import Cluster, ControlPlaneService, Instance
+from .config import DaemonSettings
+from .db.store import Store, make_engine, migrate
+from .db.writer import BatchWriter
+from .gateway import Gateway, new_request_id
+from .metrics import Metrics
+
+
+def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        url = settings.database_url()
+        await asyncio.to_thread(migrate, url)
+        store = Store(make_engine(url))
+        recovered = await asyncio.to_thread(store.recover_interrupted, time.time())
+        writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
+        await writer.start()
+        cluster = Cluster(settings.report_interval_s, settings.unhealthy_after, writer, settings.load_sample_every)
+        gateway = Gateway(cluster, writer, metrics, settings.model)
+
+        def on_register(inst: Instance) -> None:
+            writer_submit_instance(store, inst)
+
+        server = grpc.aio.server()
+        rpc.add_ControlPlaneServicer_to_server(ControlPlaneService(cluster, settings.token, on_register), server)
+        grpc_port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+        await server.start()
+        app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
+        app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, grpc_port, recovered
+        monitor = asyncio.create_task(cluster.monitor())
+        retention = asyncio.create_task(_retention(store, settings.load_retention_s))
+        try:
+            yield
+        finally:
+            monitor.cancel()
+            retention.cancel()
+            await server.stop(grace=0.5)
+            await gateway.close()
+            await writer.stop()
+            store.close()
+
+    app = FastAPI(title="Tetri daemon", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.mode = mode
+    app.state.started = time.time()
+
+    def metrics_source() -> tuple[list[dict[str, Any]], dict[str, int]]:
+        gw: Gateway | None = getattr(app.state, "gateway", None)
+        if gw is None:
+            return [], {}
+        phases: dict[str, int] = {}
+        for fl in gw.inflight.values():
+            phases[fl.phase.value] = phases.get(fl.phase.value, 0) + 1
+        return [i.to_dict() for i in gw.cluster.instances.values()], phases
+
+    metrics = Metrics(metrics_source)
+    app.state.metrics = metrics
+    app.include_router(openai.router)
+    app.include_router(admin.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        msg = "malformed JSON body" if err.get("type") == "json_invalid" else f"{param or 'body'}: {err['msg']}"
+        gw = getattr(app.state, "gateway", None)
+        if gw is not None and request.url.path == "/v1/completions":
+            gw.record_rejected(new_request_id(), msg)
+        return JSONResponse(error_body(msg, "BadRequestError", param), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = {401: "AuthenticationError", 404: "NotFoundError", 409: "ConflictError"}.get(exc.status_code, "APIError")
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        gw: Gateway | None = getattr(request.app.state, "gateway", None)
+        ready = gw is not None and bool(
+            gw.cluster.healthy("colocated") or (gw.cluster.healthy("prefill") and gw.cluster.healthy("decode"))
+        )
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    return app
+
+
+def writer_submit_instance(store: Store, inst: Instance) -> None:
+    """Instance registration is rare: write it straight through (off the request path)."""
+    loop = asyncio.get_running_loop()
+    loop.run_in_executor(None, lambda: store.upsert_instance(
+        id=inst.id, role=inst.role, state=inst.state, address=inst.address, model=inst.model,
+        kv_capacity_tokens=inst.kv_capacity_tokens, registered_ts=time.time()))
+
+
+async def _retention(store: Store, keep_s: float) -> None:
+    while True:
+        await asyncio.sleep(min(60.0, keep_s / 2))
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(store.prune_load_samples, time.time() - keep_s)

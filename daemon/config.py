@@ -1,0 +1,114 @@
+"""The one configuration loader: a TOML file plus environment variables (pydantic-settings).
+
+Precedence: explicit arguments (CLI flags) > environment (``TETRI_DAEMON_*``, ``TETRI_WORKER_*``) >
+the TOML file (``--config``, or ``TETRI_CONFIG``; sections ``[daemon]`` and ``[worker]``) > defaults.
+Every field is documented here and in docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Role = Literal["prefill", "decode", "colocated"]
+
+
+class ConfigError(ValueError):
+    """The configuration file or a setting is invalid (one line for the user)."""
+
+
+class DaemonSettings(BaseSettings):
+    """The control-plane daemon."""
+
+    model_config = SettingsConfigDict(env_prefix="TETRI_DAEMON_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="HTTP bind address. Anything but loopback requires `token`.")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (OpenAI API, admin API, /metrics); 0 = any.")
+    grpc_host: str = Field("127.0.0.1", description="Bind address of the control-plane gRPC service.")
+    grpc_port: int = Field(50051, ge=0, le=65535, description="Port of the control-plane gRPC service; 0 = any.")
+    state_dir: Path = Field(Path("state"), description="Where the SQLite status tables live.")
+    db_url: str | None = Field(None, description="Any SQLAlchemy URL; default sqlite:///<state_dir>/tetri.db.")
+    token: str | None = Field(
+        None, description="Bearer token for the admin API and worker registration (required off loopback)."
+    )
+    api_keys: list[str] = Field(
+        default_factory=list, description="Accepted OpenAI API keys; empty = the OpenAI endpoint is open."
+    )
+    model: str = Field("tetri-sim", description="The model name served by /v1/models and accepted in requests.")
+    report_interval_s: float = Field(0.1, gt=0, description="How often workers report load (seconds).")
+    unhealthy_after: int = Field(5, ge=1, description="Missed reports after which an instance is unhealthy.")
+    load_retention_s: float = Field(600.0, gt=0, description="How long load samples are kept in the database.")
+    load_sample_every: int = Field(10, ge=1, description="Store one load sample per instance every N reports.")
+    flush_interval_s: float = Field(0.05, gt=0, description="Batched status-table writes: flush period.")
+
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{(self.state_dir / 'tetri.db').as_posix()}"
+
+    def needs_token(self) -> bool:
+        return not is_loopback(self.host) or not is_loopback(self.grpc_host)
+
+
+class WorkerSettings(BaseSettings):
+    """One prefill, decode or colocated worker."""
+
+    model_config = SettingsConfigDict(env_prefix="TETRI_WORKER_", extra="forbid")
+
+    role: Role = Field("prefill", description="prefill, decode or colocated.")
+    engine: Literal["sim"] = Field("sim", description="Compute engine: sim (vllm comes with its issue).")
+    profile: str = Field("opt-13b-v100", description="Sim engine profile (workers/engines/profiles.toml).")
+    time_scale: float = Field(1.0, gt=0, description="Sim engine: model seconds per wall second.")
+    instance_id: str | None = Field(None, description="Instance id; default <role>-<port>.")
+    host: str = Field("127.0.0.1", description="Bind address of the worker's gRPC service.")
+    port: int = Field(0, ge=0, le=65535, description="Port of the worker's gRPC service; 0 = any free port.")
+    daemon: str = Field("127.0.0.1:50051", description="host:port of the daemon's control-plane gRPC service.")
+    token: str | None = Field(None, description="Bearer token presented when registering.")
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+def _section(path: Path | None, name: str) -> dict[str, Any]:
+    path = path or (Path(os.environ["TETRI_CONFIG"]) if os.environ.get("TETRI_CONFIG") else None)
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config {path}: {e}") from None
+    section = data.get(name, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"config {path}: [{name}] must be a table")
+    return section
+
+
+def _build(cls: type[BaseSettings], path: Path | None, name: str, overrides: dict[str, Any]) -> Any:
+    base = _section(path, name)
+    env_keys = {k[len(cls.model_config["env_prefix"]) :].lower() for k in os.environ}
+    merged = {k: v for k, v in base.items() if k not in env_keys}  # the environment beats the file
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return cls(**merged)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or name
+        raise ConfigError(f"[{name}] {where}: {err['msg']}") from None
+
+
+def load_daemon_settings(path: Path | None = None, **overrides: Any) -> DaemonSettings:
+    s: DaemonSettings = _build(DaemonSettings, path, "daemon", overrides)
+    if s.needs_token() and not s.token:
+        raise ConfigError("daemon bound off loopback needs a token (--token or TETRI_DAEMON_TOKEN)")
+    return s
+
+
+def load_worker_settings(path: Path | None = None, **overrides: Any) -> WorkerSettings:
+    s: WorkerSettings = _build(WorkerSettings, path, "worker", overrides)
+    return s

@@ -1,0 +1,250 @@
+"""The batched writer: keeps status-table writes off the token-streaming path.
+
+The event loop calls `submit_*` (plain, non-blocking methods that only touch in-memory dicts); a
+background task hands what is pending to a thread every `flush_interval_s` (sooner once `max_batch`
+rows are pending), and the thread writes it in ONE transaction with `Store.write_batch`.
+
+Merging: many updates to one request become one row write (later fields win), and an update for a
+request whose insert is still pending is merged into the insert.
+
+Failures: a flush that fails keeps its batch and tries it again at the next flush, before anything
+submitted since (so writes stay in order); after `MAX_TRIES` failed tries the batch is dropped with an
+error log. The background task never dies of a database error.
+
+After `stop()` the writer is closed: every `submit_*` raises `WriterClosedError` (nothing is dropped
+silently). The `submit_*` methods are not thread-safe: call them from the event loop's thread.
+
+It must not read a clock for timestamps (they come in with the fields) or run SQL itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .store import LOAD_SAMPLE_COLUMNS, REQUEST_COLUMNS, Store
+
+logger = logging.getLogger(__name__)
+
+MAX_TRIES = 3
+
+
+class WriterClosedError(RuntimeError):
+    """A write was submitted after `BatchWriter.stop()`."""
+
+
+@dataclass
+class _Batch:
+    inserts: dict[str, dict[str, Any]] = field(default_factory=dict)  # request id → fields, in order
+    updates: dict[str, dict[str, Any]] = field(default_factory=dict)  # request id → merged fields
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    tries: int = 0
+
+    def __len__(self) -> int:
+        return len(self.inserts) + len(self.updates) + len(self.samples)
+
+
+class BatchWriter:
+    """Batches request inserts/updates and load samples into one transaction per flush.
+
+    Attributes for tests and metrics: `flushes` (successful flush transactions), `rows_written` (rows
+    in them: one per insert, per merged request update, per load sample; load samples of unregistered
+    instances are skipped, see `Store.write_batch`), `failed_flushes` (failed
+    tries), `rows_dropped` (rows in batches given up after `MAX_TRIES`).
+    """
+
+    def __init__(self, store: Store, flush_interval_s: float = 0.05, max_batch: int = 1000) -> None:
+        if flush_interval_s <= 0:
+            raise ValueError("flush_interval_s must be > 0")
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.store = store
+        self.flush_interval_s = flush_interval_s
+        self.max_batch = max_batch
+        self.flushes = 0
+        self.rows_written = 0
+        self.failed_flushes = 0
+        self.rows_dropped = 0
+        self._pending = _Batch()
+        self._retry: _Batch | None = None  # a batch whose last try failed; written before _pending
+        self._lock: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._stopping = False
+
+    # ---- submitting (event loop, non-blocking) --------------------------------------------------------
+
+    def submit_request_insert(self, **fields: Any) -> None:
+        """Queue a new request row (needs `id`). MUST fail with `ValueError` on an unknown field, a
+        missing id, or a second insert of an id still pending; `WriterClosedError` after stop()."""
+        self._check_open()
+        _check_columns(fields, REQUEST_COLUMNS)
+        request_id = fields.get("id")
+        if not request_id:
+            raise ValueError("submit_request_insert needs an id")
+        if request_id in self._pending.inserts:
+            raise ValueError(f"request {request_id!r} is already pending insertion")
+        row = dict(fields)
+        # An update submitted before its insert (unusual) still lands after it.
+        early = self._pending.updates.pop(request_id, None)
+        if early:
+            row.update(early)
+        self._pending.inserts[request_id] = row
+        self._maybe_wake()
+
+    def submit_request_update(self, request_id: str, **fields: Any) -> None:
+        """Queue field changes for one request, merged with any pending change to it (later values win;
+        into its pending insert if there is one). A change of `status`/`phase` applies only while the
+        request is running (see `Store.write_batch`). MUST fail with `ValueError` on an unknown field,
+        `id`, or no fields; `WriterClosedError` after stop()."""
+        self._check_open()
+        if not fields:
+            raise ValueError("submit_request_update needs at least one field")
+        _check_columns(fields, REQUEST_COLUMNS - {"id"})
+        pending_insert = self._pending.inserts.get(request_id)
+        if pending_insert is not None:
+            pending_insert.update(fields)
+        else:
+            self._pending.updates.setdefault(request_id, {}).update(fields)
+        self._maybe_wake()
+
+    def submit_load_samples(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Queue load-sample rows. MUST fail with `ValueError` on an unknown field; `WriterClosedError`
+        after stop()."""
+        self._check_open()
+        new_rows = [dict(r) for r in rows]
+        for row in new_rows:
+            _check_columns(row, LOAD_SAMPLE_COLUMNS)
+        self._pending.samples.extend(new_rows)
+        self._maybe_wake()
+
+    @property
+    def pending(self) -> int:
+        """Rows waiting to be written (including a batch kept for another try)."""
+        return len(self._pending) + (len(self._retry) if self._retry is not None else 0)
+
+    @property
+    def running(self) -> bool:
+        """Whether the background flush task is alive."""
+        return self._task is not None and not self._task.done()
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the background flush task (on the running loop). MUST fail if started twice or after
+        stop()."""
+        self._check_open()
+        if self._task is not None:
+            raise RuntimeError("BatchWriter already started")
+        self._ensure_primitives()
+        self._task = asyncio.create_task(self._run(), name="tetri-batch-writer")
+
+    async def flush(self) -> None:
+        """Write whatever is pending now and wait until it is committed.
+
+        If the write fails, the batch is kept for the next try (or dropped after `MAX_TRIES`, with an
+        error log) and the database error is raised to the caller. Works without start().
+        """
+        await self._flush()
+
+    async def stop(self) -> None:
+        """Close the writer: later `submit_*` calls raise `WriterClosedError`; end the background task;
+        then flush what is pending, trying each batch up to `MAX_TRIES` times. Does not raise for a
+        failing database — what cannot be written is dropped with an error log. Idempotent."""
+        self._closed = True
+        self._stopping = True
+        if self._task is not None:
+            assert self._wake is not None
+            self._wake.set()
+            await self._task
+        while self.pending:
+            with contextlib.suppress(Exception):  # already logged by _flush
+                await self._flush()
+
+    # ---- internals -----------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WriterClosedError("BatchWriter is stopped; the write was not accepted")
+
+    def _ensure_primitives(self) -> None:
+        # Created lazily so a BatchWriter can be constructed outside a running loop.
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self._wake is None:
+            self._wake = asyncio.Event()
+
+    def _maybe_wake(self) -> None:
+        if self._wake is not None and len(self._pending) >= self.max_batch:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.flush_interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                break
+            # A failure is logged by _flush, and its batch kept for the next try (or dropped).
+            with contextlib.suppress(Exception):
+                await self._flush()
+
+    async def _flush(self) -> None:
+        self._ensure_primitives()
+        assert self._lock is not None
+        async with self._lock:
+            if self._retry is not None:
+                await self._write(self._retry)  # raises if it fails again: _pending waits behind it
+                self._retry = None
+            if len(self._pending):
+                batch, self._pending = self._pending, _Batch()
+                await self._write(batch)
+
+    async def _write(self, batch: _Batch) -> None:
+        """One try at one batch in a worker thread. On failure keep it as `_retry` or drop it, and raise."""
+        try:
+            written = await asyncio.to_thread(
+                self.store.write_batch,
+                inserts=list(batch.inserts.values()),
+                updates=batch.updates,
+                load_samples=batch.samples,
+            )
+        except Exception:
+            batch.tries += 1
+            self.failed_flushes += 1
+            if batch.tries >= MAX_TRIES:
+                self._retry = None
+                self.rows_dropped += len(batch)
+                logger.error(
+                    "dropping a status-table batch after %d failed tries (%d inserts, %d updates, %d load samples)",
+                    batch.tries,
+                    len(batch.inserts),
+                    len(batch.updates),
+                    len(batch.samples),
+                    exc_info=True,
+                )
+            else:
+                self._retry = batch
+                logger.warning(
+                    "status-table flush failed (try %d of %d); keeping %d rows for the next try",
+                    batch.tries,
+                    MAX_TRIES,
+                    len(batch),
+                    exc_info=True,
+                )
+            raise
+        self.flushes += 1
+        self.rows_written += written
+
+
+def _check_columns(fields: Iterable[str], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise ValueError(f"unknown column(s): {', '.join(unknown)}")

@@ -1,0 +1,269 @@
+"""The global scheduler (TetriInfer §3.2): route each request to the least-loaded prefill (or
+colocated) instance, follow it through prefill → transfer → decode, stream its tokens back, and record
+it in the status table (batched, off the streaming path).
+
+A request's stream yields `Tokens` events and ends with one `Finished` event; failures end it with
+`Failed` (the worker died, no instance, …). Cancellation: `cancel(id)` asks the worker serving it to
+abort; a client that disconnects cancels its gRPC calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from workers.peers import Peers
+from workers.proto import pb
+
+from .cluster import Cluster, Instance
+from .db.models import Phase, Status
+from .db.writer import BatchWriter
+from .metrics import Metrics
+from .scheduling.routing import least_loaded
+
+
+@dataclass
+class Tokens:
+    ids: list[int]
+
+
+@dataclass
+class Finished:
+    reason: str  # "length" | "stop" | "cancelled"
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    message: str
+    status: Status = Status.FAILED
+
+
+@dataclass
+class Inflight:
+    id: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    phase: Phase = Phase.QUEUED
+    prefill_instance: str | None = None
+    decode_instance: str | None = None
+    first_token_ts: float | None = None
+    decode_start_ts: float | None = None
+    produced: int = 0
+    cancelled: bool = False
+    serving: tuple[str, str] | None = None  # (instance id, address) currently producing tokens
+    timeline: list[tuple[str, float]] = field(default_factory=list)
+
+
+class NoInstance(RuntimeError):
+    pass
+
+
+def new_request_id() -> str:
+    return "cmpl-" + uuid.uuid4().hex[:24]
+
+
+class Gateway:
+    def __init__(self, cluster: Cluster, writer: BatchWriter, metrics: Metrics, model: str) -> None:
+        self.cluster = cluster
+        self.writer = writer
+        self.metrics = metrics
+        self.model = model
+        self.peers = Peers()
+        self.inflight: dict[str, Inflight] = {}
+
+    # --- routing -----------------------------------------------------------------------------------
+    def entry_instances(self) -> list[Instance]:
+        colocated = self.cluster.healthy("colocated")
+        return colocated if colocated else self.cluster.healthy("prefill")
+
+    def max_model_len(self) -> int | None:
+        lens = [i.max_model_len for i in self.cluster.instances.values() if i.max_model_len]
+        return min(lens) if lens else None
+
+    def pick_entry(self) -> Instance:
+        candidates = self.entry_instances()
+        if not candidates or (candidates[0].role == "prefill" and not self.cluster.healthy("decode")):
+            raise NoInstance("no healthy instance can serve the request (need prefill + decode, or colocated)")
+        pick = least_loaded([i.snapshot() for i in candidates])
+        return self.cluster.instances[pick]  # type: ignore[index]
+
+    # --- recording ---------------------------------------------------------------------------------
+    def record_rejected(self, rid: str, message: str, prompt_tokens: int = 0, max_tokens: int = 0) -> None:
+        now = time.time()
+        self.writer.submit_request_insert(
+            id=rid, model=self.model, phase=Phase.DONE, status=Status.REJECTED, arrival_ts=now,
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, finished_ts=now, error=message[:500],
+        )
+        self.metrics.requests.labels(status=Status.REJECTED).inc()
+
+    def _update(self, fl: Inflight, **fields: object) -> None:
+        self.writer.submit_request_update(fl.id, **fields)
+
+    def _phase(self, fl: Inflight, phase: Phase, **fields: object) -> None:
+        fl.phase = phase
+        fl.timeline.append((phase.value, time.time()))
+        self._update(fl, phase=phase.value, **fields)
+
+    # --- the request ---------------------------------------------------------------------------------
+    async def run(
+        self, rid: str, prompt_ids: list[int], max_tokens: int, sla_ttft_ms: float | None = None,
+        sla_jct_ms: float | None = None,
+    ) -> AsyncIterator[Tokens | Finished | Failed]:
+        now = time.time()
+        fl = Inflight(rid, len(prompt_ids), max_tokens, now, timeline=[("queued", now)])
+        self.inflight[rid] = fl
+        self.writer.submit_request_insert(
+            id=rid, model=self.model, phase=Phase.QUEUED.value, status=Status.RUNNING.value, arrival_ts=now,
+            prompt_tokens=len(prompt_ids), max_tokens=max_tokens, sla_ttft_ms=sla_ttft_ms, sla_jct_ms=sla_jct_ms,
+        )
+        end: Finished | Failed | None = None
+        try:
+            async for ev in self._serve(fl, prompt_ids):
+                if isinstance(ev, Tokens):
+                    yield ev
+                else:
+                    end = ev
+                    break
+        except asyncio.CancelledError:
+            end = Failed("client disconnected", Status.CANCELLED)
+            raise
+        finally:
+            self._finish(fl, end or Failed("stream ended without a result"))
+        yield end
+
+    def _finish(self, fl: Inflight, end: Finished | Failed) -> None:
+        self.inflight.pop(fl.id, None)
+        now = time.time()
+        jct_ms = (now - fl.arrival) * 1000
+        self._release(fl)
+        fl.timeline.append(("done", now))
+        if isinstance(end, Finished):
+            status = Status.CANCELLED if end.reason == "cancelled" else Status.FINISHED
+            self._update(fl, phase=Phase.DONE.value, status=status.value, finished_ts=now, jct_ms=jct_ms,
+                         output_tokens=fl.produced, finish_reason=end.reason)
+            self.metrics.requests.labels(status=status).inc()
+            if status == Status.FINISHED:
+                self.metrics.jct.observe(jct_ms / 1000)
+        else:
+            self._update(fl, phase=Phase.DONE.value, status=end.status.value, finished_ts=now, jct_ms=jct_ms,
+                         output_tokens=fl.produced, finish_reason="error" if end.status == Status.FAILED else "cancelled",
+                         error=end.message[:500])
+            self.metrics.requests.labels(status=end.status).inc()
+
+    def _release(self, fl: Inflight) -> None:
+        if fl.serving is not None:
+            inst = self.cluster.instances.get(fl.serving[0])
+            if inst is not None and inst.inflight > 0:
+                inst.inflight -= 1
+            fl.serving = None
+
+    def _serve_on(self, fl: Inflight, inst: Instance) -> None:
+        self._release(fl)
+        fl.serving = (inst.id, inst.address)
+        inst.inflight += 1
+
+    async def _serve(self, fl: Inflight, prompt_ids: list[int]) -> AsyncIterator[Tokens | Finished | Failed]:
+        try:
+            entry = self.pick_entry()
+        except NoInstance as e:
+            yield Failed(str(e))
+            return
+        self._serve_on(fl, entry)
+        fl.prefill_instance = entry.id
+        self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=time.time())
+        req = pb.GenerateRequest(request_id=fl.id, prompt_token_ids=prompt_ids, max_tokens=fl.max_tokens)
+        handoff: pb.Handoff | None = None
+        async for ev in self._stream(fl, entry, self.peers.worker(entry.address).Generate(req)):
+            if isinstance(ev, pb.Handoff):
+                handoff = ev
+                break
+            yield ev
+            if not isinstance(ev, Tokens):
+                return
+        if handoff is None:
+            yield Failed(f"instance {entry.id} ended the stream without a result")
+            return
+        decode = self.cluster.instances.get(handoff.decode_instance_id)
+        fl.decode_instance = handoff.decode_instance_id
+        self._phase(fl, Phase.TRANSFER, decode_instance=handoff.decode_instance_id)
+        if decode is not None:
+            self._serve_on(fl, decode)
+        else:
+            self._release(fl)
+            fl.serving = (handoff.decode_instance_id, handoff.decode_address)
+        call = self.peers.worker(handoff.decode_address).Attach(pb.AttachRequest(request_id=fl.id))
+        async for ev in self._stream(fl, decode, call, decode_id=handoff.decode_instance_id):
+            if isinstance(ev, pb.Handoff):
+                yield Failed("decode instance tried to hand over again")
+                return
+            yield ev
+            if not isinstance(ev, Tokens):
+                return
+
+    async def _stream(
+        self, fl: Inflight, inst: Instance | None, call: grpc.aio.UnaryStreamCall, decode_id: str | None = None
+    ) -> AsyncIterator[Tokens | Finished | Failed | pb.Handoff]:
+        name = decode_id or (inst.id if inst else "?")
+        last = time.time()
+        try:
+            async for chunk in call:
+                now = time.time()
+                if chunk.token_ids:
+                    n = len(chunk.token_ids)
+                    if fl.produced == 0:
+                        fl.first_token_ts = now
+                        ttft = (now - fl.arrival) * 1000
+                        self._update(fl, first_token_ts=now, ttft_ms=ttft)
+                        self.metrics.ttft.observe(ttft / 1000)
+                    else:
+                        self.metrics.itl.observe((now - last) / n)
+                        if fl.phase == Phase.TRANSFER:
+                            fl.decode_start_ts = now
+                            self._phase(fl, Phase.DECODE, decode_start_ts=now)
+                    fl.produced += n
+                    self.metrics.tokens.inc(n)
+                    last = now
+                    yield Tokens(list(chunk.token_ids))
+                if chunk.HasField("handoff"):
+                    yield chunk.handoff
+                    return
+                if chunk.finished:
+                    if chunk.finish_reason in ("error",):
+                        yield Failed(f"instance {name}: {chunk.error}")
+                    elif chunk.finish_reason == "abort" or fl.cancelled:
+                        yield Finished("cancelled", fl.produced)
+                    else:
+                        yield Finished(chunk.finish_reason or "length", fl.produced)
+                    return
+        except grpc.aio.AioRpcError as e:
+            if fl.cancelled:
+                yield Finished("cancelled", fl.produced)
+            else:
+                yield Failed(f"instance {name} failed mid-request: {e.code().name}")
+            return
+        finally:
+            call.cancel()
+        yield Failed(f"instance {name} closed the stream early")
+
+    async def cancel(self, rid: str) -> bool:
+        """Abort an in-flight request on the instance serving it. False if it is not in flight."""
+        fl = self.inflight.get(rid)
+        if fl is None:
+            return False
+        fl.cancelled = True
+        if fl.serving is not None:
+            try:
+                await self.peers.worker(fl.serving[1]).Cancel(pb.CancelRequest(request_id=rid), timeout=5)
+            except grpc.aio.AioRpcError:
+                pass
+        return True
+
+    async def close(self) -> None:
+        await self.peers.close()

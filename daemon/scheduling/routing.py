@@ -1,0 +1,43 @@
+"""Where a request goes: the global scheduler's prefill choice and the prefill dispatcher's decode
+choice. Both are pure functions of load snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InstanceLoad:
+    instance_id: str
+    queued: int = 0
+    running: int = 0
+    kv_used_tokens: int = 0
+    kv_capacity_tokens: int = 0
+    inflight: int = 0  # requests the router has sent and not yet seen finish (fresher than reports)
+
+    @property
+    def kv_utilisation(self) -> float:
+        return self.kv_used_tokens / self.kv_capacity_tokens if self.kv_capacity_tokens else 0.0
+
+
+def least_loaded(instances: Sequence[InstanceLoad]) -> str | None:
+    """TetriInfer §3.2: the global scheduler sends a request to the least-loaded prefill instance.
+    Load = requests in flight from this router (fresh) plus the instance's reported queue; ties by
+    KV utilisation, then id (deterministic)."""
+    if not instances:
+        return None
+    best = min(instances, key=lambda x: (x.inflight + x.queued, x.kv_utilisation, x.instance_id))
+    return best.instance_id
+
+
+def least_kv_utilised(instances: Sequence[InstanceLoad]) -> str | None:
+    """The simplest decode dispatch: the decode instance with the most free KV (fraction), ties by
+    queue and id. The scheduling issue adds predicted-length dispatch (power of two choices)."""
+    if not instances:
+        return None
+    best = min(
+        instances,
+        key=lambda x: (x.kv_utilisation + (x.queued + x.inflight) / max(1, x.kv_capacity_tokens), x.instance_id),
+    )
+    return best.instance_id

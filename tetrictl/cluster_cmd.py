@@ -1,0 +1,133 @@
+"""`tetrictl up`, `tetrictl daemon start`, `tetrictl worker start`: run the cluster's processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import exitcodes
+from .output import fail, out, print_json
+from .procs import StartError, spawn, stop_all, wait_ready
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file ([daemon], [worker]).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the ready report as one JSON document.")]
+
+daemon_app = typer.Typer(help="The control-plane daemon.", no_args_is_help=True)
+worker_app = typer.Typer(help="Prefill/decode workers.", no_args_is_help=True)
+
+
+def _exec(module: str, args: list[str]) -> None:
+    """Replace this process with the daemon or worker (signals and exit code pass straight through)."""
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+
+
+def _opt(args: list[str], flag: str, value: object) -> None:
+    if value is not None:
+        args += [flag, str(value)]
+
+
+@daemon_app.command("start")
+def daemon_start(
+    host: Annotated[str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
+    grpc_port: Annotated[int | None, typer.Option(help="Control-plane gRPC port (default 50051).")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="Directory of the SQLite status tables.")] = None,
+    db_url: Annotated[str | None, typer.Option(help="Any SQLAlchemy URL instead of the state dir.")] = None,
+    token: Annotated[str | None, typer.Option(help="Bearer token (required off loopback).")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run the daemon in the foreground (prints a JSON ready line)."""
+    args: list[str] = []
+    for flag, v in (("--host", host), ("--port", port), ("--grpc-port", grpc_port), ("--state-dir", state_dir),
+                    ("--db-url", db_url), ("--token", token), ("--config", config)):
+        _opt(args, flag, v)
+    _exec("daemon.main", args)
+
+
+@worker_app.command("start")
+def worker_start(
+    role: Annotated[str, typer.Option(help="prefill, decode or colocated.")],
+    daemon: Annotated[str, typer.Option(help="The daemon's control-plane gRPC address host:port.")] = "127.0.0.1:50051",
+    engine: Annotated[str, typer.Option(help="Engine: sim.")] = "sim",
+    profile: Annotated[str | None, typer.Option(help="Sim profile (default opt-13b-v100).")] = None,
+    time_scale: Annotated[float | None, typer.Option(help="Sim: model seconds per wall second.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address of the worker's gRPC service.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port of the worker's gRPC service (0 = any).")] = None,
+    instance_id: Annotated[str | None, typer.Option(help="Instance id (default <role>-<port>).")] = None,
+    token: Annotated[str | None, typer.Option(help="Bearer token for registration.")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run one worker in the foreground; it registers with the daemon (prints a JSON ready line)."""
+    args = ["--role", role, "--daemon", daemon, "--engine", engine]
+    for flag, v in (("--profile", profile), ("--time-scale", time_scale), ("--host", host), ("--port", port),
+                    ("--instance-id", instance_id), ("--token", token), ("--config", config)):
+        _opt(args, flag, v)
+    _exec("workers.main", args)
+
+
+def up(
+    mode: Annotated[str, typer.Option(help="disaggregated (prefill + decode) or colocated (vanilla baseline).")] = "disaggregated",
+    prefill: Annotated[int, typer.Option(help="Prefill instances (disaggregated).")] = 1,
+    decode: Annotated[int, typer.Option(help="Decode instances (disaggregated).")] = 1,
+    colocated: Annotated[int, typer.Option(help="Colocated instances (colocated mode).")] = 2,
+    profile: Annotated[str, typer.Option(help="Sim engine profile.")] = "opt-13b-v100",
+    time_scale: Annotated[float, typer.Option(help="Sim: model seconds per wall second.")] = 1.0,
+    port: Annotated[int, typer.Option(help="Daemon HTTP port (0 = any free port).")] = 8000,
+    grpc_port: Annotated[int, typer.Option(help="Daemon gRPC port (0 = any free port).")] = 50051,
+    state_dir: Annotated[Path, typer.Option(help="Directory of the SQLite status tables.")] = Path("state"),
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Bring up the embedded cluster: the daemon plus sim workers. Ctrl-C or SIGTERM stops everything."""
+    if mode not in ("disaggregated", "colocated"):
+        fail(f"--mode must be disaggregated or colocated, not {mode!r}")
+    counts = {"prefill": prefill, "decode": decode} if mode == "disaggregated" else {"colocated": colocated}
+    for role, n in counts.items():
+        if n < 1:
+            fail(f"--{role} must be at least 1")
+    stopping = {"flag": False}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping["flag"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    procs = []
+    try:
+        dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
+        _opt(dargs, "--config", config)
+        procs.append(spawn("daemon.main", dargs))
+        ready = wait_ready(procs[-1], "daemon")
+        workers = []
+        for role, n in counts.items():
+            for _ in range(n):
+                wargs = ["--role", role, "--daemon", ready["grpc"], "--profile", profile, "--time-scale", str(time_scale)]
+                _opt(wargs, "--config", config)
+                procs.append(spawn("workers.main", wargs))
+                workers.append(wait_ready(procs[-1], f"{role} worker"))
+    except StartError as e:
+        stop_all(procs)
+        fail(str(e), exitcodes.REFUSED)
+    doc = {"url": ready["url"], "grpc": ready["grpc"], "mode": mode, "workers": workers}
+    if json_out:
+        print_json(doc)
+    else:
+        out.print(f"Tetri is up at [bold]{ready['url']}[/] ({mode}; "
+                  + ", ".join(f"{w['role']} {w['instance_id']}" for w in workers) + "). Ctrl-C stops it.")
+    sys.stdout.flush()
+    code = 0
+    while not stopping["flag"]:
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            out.print(f"[red]a process exited (code {dead[0].returncode}); stopping the cluster[/]")
+            code = exitcodes.REFUSED
+            break
+        time.sleep(0.2)
+    stop_all(procs)
+    raise typer.Exit(code)

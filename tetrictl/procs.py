@@ -1,0 +1,62 @@
+"""Starting Tetri processes (daemon, workers) as children and reading their one-line ready report."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+class StartError(RuntimeError):
+    pass
+
+
+def spawn(module: str, args: list[str]) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def wait_ready(proc: subprocess.Popen[str], what: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Read the child's stdout until its {"event": "ready"} line (or an error / exit / timeout)."""
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                break
+            line = proc.stdout.readline()
+            if not line:
+                raise StartError(f"{what} exited with code {proc.wait()} before it was ready")
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if msg.get("event") == "ready":
+                return dict(msg)
+            if msg.get("event") == "error":
+                raise StartError(f"{what}: {msg.get('error')}")
+        raise StartError(f"{what} was not ready within {timeout:.0f} s")
+    finally:
+        sel.close()
+
+
+def stop_all(procs: list[subprocess.Popen[str]], grace: float = 5.0) -> None:
+    """SIGTERM every child (workers first, daemon last), then SIGKILL what is left after `grace`."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

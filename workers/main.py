@@ -1,0 +1,119 @@
+"""A worker process: an engine, its gRPC service and its link to the daemon.
+
+``python -m workers.main --role prefill --daemon 127.0.0.1:50051`` (or ``tetrictl worker start``).
+Prints one JSON line ``{"event": "ready", ...}`` on stdout once serving and registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+
+import grpc
+
+from daemon.config import WorkerSettings
+
+from .clock import ScaledClock
+from .control import ControlLink, RegistrationRefused
+from .engines.base import Engine
+from .peers import Peers
+from .proto import rpc
+from .service import WorkerService
+
+log = logging.getLogger("tetri.worker")
+
+
+def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
+    if settings.engine == "sim":
+        from .engines.costmodel import load_profile
+        from .engines.sim import SimEngine
+
+        return SimEngine(load_profile(settings.profile), settings.role, instance_id, ScaledClock(settings.time_scale))
+    raise ValueError(f"unknown engine {settings.engine!r}")
+
+
+async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> int:
+    stop = stop or asyncio.Event()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        print(json.dumps({"event": "error", "error": f"cannot bind {settings.host}:{settings.port}"}), flush=True)
+        return 2
+    instance_id = settings.instance_id or f"{settings.role}-{port}"
+    address = f"{settings.host}:{port}"
+    engine = build_engine(settings, instance_id)
+    peers = Peers()
+    service = WorkerService(engine, settings.role, instance_id, peers, settings.token)
+    rpc.add_WorkerServicer_to_server(service, server)
+    await engine.start()
+    await server.start()
+    clock = ScaledClock(settings.time_scale)
+    link = ControlLink(service, settings.daemon, address, settings.token, now=clock.now)
+    link_task = asyncio.create_task(link.run())
+    reg = asyncio.create_task(link.registered.wait())
+    done, _ = await asyncio.wait({link_task, reg}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if link_task in done:
+        reg.cancel()
+        exc = link_task.exception()
+        msg = f"registration refused: {exc}" if isinstance(exc, RegistrationRefused) else f"daemon link failed: {exc}"
+        print(json.dumps({"event": "error", "error": msg}), flush=True)
+        code = 1
+    else:
+        print(json.dumps({"event": "ready", "instance_id": instance_id, "role": settings.role, "address": address}),
+              flush=True)
+        stopper = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({link_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if link_task in done and isinstance(link_task.exception(), RegistrationRefused):
+            code = 1
+        stopper.cancel()
+    link.stop()
+    link_task.cancel()
+    with contextlib.suppress(BaseException):
+        await link_task
+    await server.stop(grace=1.0)
+    await service.close()
+    await engine.stop()
+    await peers.close()
+    return code
+
+
+def run(settings: WorkerSettings) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await serve(settings, stop)
+
+    return asyncio.run(main())
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from daemon.config import ConfigError, load_worker_settings
+
+    ap = argparse.ArgumentParser(description="Run one Tetri worker.")
+    for flag in ("role", "engine", "profile", "instance-id", "host", "daemon", "token"):
+        ap.add_argument(f"--{flag}")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--time-scale", type=float)
+    ap.add_argument("--config")
+    a = ap.parse_args()
+    try:
+        s = load_worker_settings(
+            None if a.config is None else __import__("pathlib").Path(a.config),
+            role=a.role, engine=a.engine, profile=a.profile, instance_id=a.instance_id, host=a.host,
+            daemon=a.daemon, token=a.token, port=a.port, time_scale=a.time_scale,
+        )
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(run(s))
