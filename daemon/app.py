@@ -87,9 +87,11 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        msg = "malformed JSON body" if err.get("type") == "json_invalid" else f"{param or 'body'}: {err['msg']}"
+        if err.get("type") == "json_invalid":
+            param, msg = None, "malformed JSON body"
+        else:
+            param = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or None
+            msg = f"{param or 'body'}: {err['msg']}"
         gw = getattr(app.state, "gateway", None)
         if gw is not None and request.url.path == "/v1/completions":
             gw.record_rejected(new_request_id(), msg)
@@ -122,9 +124,18 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
 def writer_submit_instance(store: Store, inst: Instance) -> None:
     """Instance registration is rare: write it straight through (off the request path)."""
     loop = asyncio.get_running_loop()
-    loop.run_in_executor(None, lambda: store.upsert_instance(
-        id=inst.id, role=inst.role, state=inst.state, address=inst.address, model=inst.model,
-        kv_capacity_tokens=inst.kv_capacity_tokens, registered_ts=time.time()))
+    loop.run_in_executor(
+        None,
+        lambda: store.upsert_instance(
+            id=inst.id,
+            role=inst.role,
+            state=inst.state,
+            address=inst.address,
+            model=inst.model,
+            kv_capacity_tokens=inst.kv_capacity_tokens,
+            registered_ts=time.time(),
+        ),
+    )
 
 
 async def _retention(store: Store, keep_s: float) -> None:

@@ -39,24 +39,46 @@ class Instance:
     reports: int = 0
 
     def snapshot(self) -> InstanceLoad:
-        return InstanceLoad(self.id, self.load.queued, self.load.running, self.load.kv_used_tokens,
-                            self.load.kv_capacity_tokens or self.kv_capacity_tokens, self.inflight)
+        return InstanceLoad(
+            self.id,
+            self.load.queued,
+            self.load.running,
+            self.load.kv_used_tokens,
+            self.load.kv_capacity_tokens or self.kv_capacity_tokens,
+            self.inflight,
+        )
 
     def to_dict(self) -> dict[str, object]:
         ld = self.load
         cap = ld.kv_capacity_tokens or self.kv_capacity_tokens
         return {
-            "id": self.id, "role": self.role, "state": self.state, "address": self.address, "model": self.model,
-            "max_model_len": self.max_model_len, "queued": ld.queued, "running": ld.running,
-            "inflight": self.inflight, "kv_used_tokens": ld.kv_used_tokens, "kv_capacity_tokens": cap,
-            "kv_usage": ld.kv_used_tokens / cap if cap else 0.0, "tokens_per_s": ld.tokens_per_s,
-            "preemptions": ld.preemptions, "last_report_age_s": max(0.0, time.time() - self.last_report),
+            "id": self.id,
+            "role": self.role,
+            "state": self.state,
+            "address": self.address,
+            "model": self.model,
+            "max_model_len": self.max_model_len,
+            "queued": ld.queued,
+            "running": ld.running,
+            "inflight": self.inflight,
+            "kv_used_tokens": ld.kv_used_tokens,
+            "kv_capacity_tokens": cap,
+            "kv_usage": ld.kv_used_tokens / cap if cap else 0.0,
+            "tokens_per_s": ld.tokens_per_s,
+            "preemptions": ld.preemptions,
+            "last_report_age_s": max(0.0, time.time() - self.last_report),
         }
 
 
 class Cluster:
-    def __init__(self, report_interval_s: float, unhealthy_after: int, writer: BatchWriter | None = None,
-                 sample_every: int = 10, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        report_interval_s: float,
+        unhealthy_after: int,
+        writer: BatchWriter | None = None,
+        sample_every: int = 10,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.instances: dict[str, Instance] = {}
         self.report_interval_s = report_interval_s
         self.unhealthy_after = unhealthy_after
@@ -66,8 +88,15 @@ class Cluster:
 
     # --- registry ---------------------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> Instance:
-        inst = Instance(req.instance_id, req.role, req.address, req.model, req.max_model_len,
-                        req.kv_capacity_tokens, last_report=time.time())
+        inst = Instance(
+            req.instance_id,
+            req.role,
+            req.address,
+            req.model,
+            req.max_model_len,
+            req.kv_capacity_tokens,
+            last_report=time.time(),
+        )
         old = self.instances.get(req.instance_id)
         if old is not None:
             inst.inflight = old.inflight
@@ -87,11 +116,19 @@ class Cluster:
         elif msg.state in ("draining", "flipping"):
             inst.state = msg.state
         if self.writer is not None and inst.reports % self.sample_every == 1:
-            self.writer.submit_load_samples([{
-                "instance_id": inst.id, "ts": inst.last_report, "queued": msg.queued, "running": msg.running,
-                "kv_used_tokens": msg.kv_used_tokens, "kv_capacity_tokens": msg.kv_capacity_tokens,
-                "tokens_per_s": msg.tokens_per_s,
-            }])
+            self.writer.submit_load_samples(
+                [
+                    {
+                        "instance_id": inst.id,
+                        "ts": inst.last_report,
+                        "queued": msg.queued,
+                        "running": msg.running,
+                        "kv_used_tokens": msg.kv_used_tokens,
+                        "kv_capacity_tokens": msg.kv_capacity_tokens,
+                        "tokens_per_s": msg.tokens_per_s,
+                    }
+                ]
+            )
 
     def check_health(self, now: float | None = None) -> list[str]:
         """Mark instances that missed `unhealthy_after` reports; returns the ids newly marked."""
@@ -148,7 +185,7 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
         md = dict(context.invocation_metadata() or ())
         return md.get("authorization") == f"Bearer {self.token}"
 
-    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReply:  # noqa: N802
+    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReply:
         if not self._authorised(context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "registration refused: bad or missing token")
         if request.role not in ("prefill", "decode", "colocated"):
@@ -159,7 +196,7 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
         self.on_register(inst)
         return pb.RegisterReply(accepted=True, report_interval_s=self.cluster.report_interval_s)
 
-    async def ReportLoad(  # noqa: N802
+    async def ReportLoad(
         self, request_iterator: AsyncIterator[pb.LoadReport], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DecodeLoadBroadcast]:
         if not self._authorised(context):

@@ -10,6 +10,7 @@ abort; a client that disconnects cancels its gRPC calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -98,8 +99,15 @@ class Gateway:
     def record_rejected(self, rid: str, message: str, prompt_tokens: int = 0, max_tokens: int = 0) -> None:
         now = time.time()
         self.writer.submit_request_insert(
-            id=rid, model=self.model, phase=Phase.DONE, status=Status.REJECTED, arrival_ts=now,
-            prompt_tokens=prompt_tokens, max_tokens=max_tokens, finished_ts=now, error=message[:500],
+            id=rid,
+            model=self.model,
+            phase=Phase.DONE,
+            status=Status.REJECTED,
+            arrival_ts=now,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            finished_ts=now,
+            error=message[:500],
         )
         self.metrics.requests.labels(status=Status.REJECTED).inc()
 
@@ -113,15 +121,26 @@ class Gateway:
 
     # --- the request ---------------------------------------------------------------------------------
     async def run(
-        self, rid: str, prompt_ids: list[int], max_tokens: int, sla_ttft_ms: float | None = None,
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sla_ttft_ms: float | None = None,
         sla_jct_ms: float | None = None,
     ) -> AsyncIterator[Tokens | Finished | Failed]:
         now = time.time()
         fl = Inflight(rid, len(prompt_ids), max_tokens, now, timeline=[("queued", now)])
         self.inflight[rid] = fl
         self.writer.submit_request_insert(
-            id=rid, model=self.model, phase=Phase.QUEUED.value, status=Status.RUNNING.value, arrival_ts=now,
-            prompt_tokens=len(prompt_ids), max_tokens=max_tokens, sla_ttft_ms=sla_ttft_ms, sla_jct_ms=sla_jct_ms,
+            id=rid,
+            model=self.model,
+            phase=Phase.QUEUED.value,
+            status=Status.RUNNING.value,
+            arrival_ts=now,
+            prompt_tokens=len(prompt_ids),
+            max_tokens=max_tokens,
+            sla_ttft_ms=sla_ttft_ms,
+            sla_jct_ms=sla_jct_ms,
         )
         end: Finished | Failed | None = None
         try:
@@ -135,7 +154,8 @@ class Gateway:
             end = Failed("client disconnected", Status.CANCELLED)
             raise
         finally:
-            self._finish(fl, end or Failed("stream ended without a result"))
+            end = end or Failed("stream ended without a result")
+            self._finish(fl, end)
         yield end
 
     def _finish(self, fl: Inflight, end: Finished | Failed) -> None:
@@ -146,15 +166,29 @@ class Gateway:
         fl.timeline.append(("done", now))
         if isinstance(end, Finished):
             status = Status.CANCELLED if end.reason == "cancelled" else Status.FINISHED
-            self._update(fl, phase=Phase.DONE.value, status=status.value, finished_ts=now, jct_ms=jct_ms,
-                         output_tokens=fl.produced, finish_reason=end.reason)
+            self._update(
+                fl,
+                phase=Phase.DONE.value,
+                status=status.value,
+                finished_ts=now,
+                jct_ms=jct_ms,
+                output_tokens=fl.produced,
+                finish_reason=end.reason,
+            )
             self.metrics.requests.labels(status=status).inc()
             if status == Status.FINISHED:
                 self.metrics.jct.observe(jct_ms / 1000)
         else:
-            self._update(fl, phase=Phase.DONE.value, status=end.status.value, finished_ts=now, jct_ms=jct_ms,
-                         output_tokens=fl.produced, finish_reason="error" if end.status == Status.FAILED else "cancelled",
-                         error=end.message[:500])
+            self._update(
+                fl,
+                phase=Phase.DONE.value,
+                status=end.status.value,
+                finished_ts=now,
+                jct_ms=jct_ms,
+                output_tokens=fl.produced,
+                finish_reason="error" if end.status == Status.FAILED else "cancelled",
+                error=end.message[:500],
+            )
             self.metrics.requests.labels(status=end.status).inc()
 
     def _release(self, fl: Inflight) -> None:
@@ -259,10 +293,8 @@ class Gateway:
             return False
         fl.cancelled = True
         if fl.serving is not None:
-            try:
+            with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.peers.worker(fl.serving[1]).Cancel(pb.CancelRequest(request_id=rid), timeout=5)
-            except grpc.aio.AioRpcError:
-                pass
         return True
 
     async def close(self) -> None:

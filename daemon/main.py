@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -20,8 +21,15 @@ from .config import ConfigError, DaemonSettings, load_daemon_settings
 
 async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> None:
     app = create_app(settings, mode)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", lifespan="on",
-                            access_log=False, timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -31,9 +39,17 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> None:
         await asyncio.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    print(json.dumps({"event": "ready", "url": f"http://{host}:{port}",
-                      "grpc": f"{settings.grpc_host}:{app.state.grpc_port}",
-                      "recovered_interrupted": app.state.recovered}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "ready",
+                "url": f"http://{host}:{port}",
+                "grpc": f"{settings.grpc_host}:{app.state.grpc_port}",
+                "recovered_interrupted": app.state.recovered,
+            }
+        ),
+        flush=True,
+    )
     await task
 
 
@@ -51,17 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
     a = ap.parse_args(argv)
     try:
-        settings = load_daemon_settings(a.config, host=a.host, port=a.port, grpc_host=a.grpc_host,
-                                        grpc_port=a.grpc_port, state_dir=a.state_dir, db_url=a.db_url,
-                                        token=a.token, model=a.model)
+        settings = load_daemon_settings(
+            a.config,
+            host=a.host,
+            port=a.port,
+            grpc_host=a.grpc_host,
+            grpc_port=a.grpc_port,
+            state_dir=a.state_dir,
+            db_url=a.db_url,
+            token=a.token,
+            model=a.model,
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(settings, a.mode))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -44,8 +44,15 @@ def daemon_start(
 ) -> None:
     """Run the daemon in the foreground (prints a JSON ready line)."""
     args: list[str] = []
-    for flag, v in (("--host", host), ("--port", port), ("--grpc-port", grpc_port), ("--state-dir", state_dir),
-                    ("--db-url", db_url), ("--token", token), ("--config", config)):
+    for flag, v in (
+        ("--host", host),
+        ("--port", port),
+        ("--grpc-port", grpc_port),
+        ("--state-dir", state_dir),
+        ("--db-url", db_url),
+        ("--token", token),
+        ("--config", config),
+    ):
         _opt(args, flag, v)
     _exec("daemon.main", args)
 
@@ -65,14 +72,23 @@ def worker_start(
 ) -> None:
     """Run one worker in the foreground; it registers with the daemon (prints a JSON ready line)."""
     args = ["--role", role, "--daemon", daemon, "--engine", engine]
-    for flag, v in (("--profile", profile), ("--time-scale", time_scale), ("--host", host), ("--port", port),
-                    ("--instance-id", instance_id), ("--token", token), ("--config", config)):
+    for flag, v in (
+        ("--profile", profile),
+        ("--time-scale", time_scale),
+        ("--host", host),
+        ("--port", port),
+        ("--instance-id", instance_id),
+        ("--token", token),
+        ("--config", config),
+    ):
         _opt(args, flag, v)
     _exec("workers.main", args)
 
 
 def up(
-    mode: Annotated[str, typer.Option(help="disaggregated (prefill + decode) or colocated (vanilla baseline).")] = "disaggregated",
+    mode: Annotated[
+        str, typer.Option(help="disaggregated (prefill + decode) or colocated (vanilla baseline).")
+    ] = "disaggregated",
     prefill: Annotated[int, typer.Option(help="Prefill instances (disaggregated).")] = 1,
     decode: Annotated[int, typer.Option(help="Decode instances (disaggregated).")] = 1,
     colocated: Annotated[int, typer.Option(help="Colocated instances (colocated mode).")] = 2,
@@ -107,7 +123,16 @@ def up(
         workers = []
         for role, n in counts.items():
             for _ in range(n):
-                wargs = ["--role", role, "--daemon", ready["grpc"], "--profile", profile, "--time-scale", str(time_scale)]
+                wargs = [
+                    "--role",
+                    role,
+                    "--daemon",
+                    ready["grpc"],
+                    "--profile",
+                    profile,
+                    "--time-scale",
+                    str(time_scale),
+                ]
                 _opt(wargs, "--config", config)
                 procs.append(spawn("workers.main", wargs))
                 workers.append(wait_ready(procs[-1], f"{role} worker"))
@@ -118,8 +143,11 @@ def up(
     if json_out:
         print_json(doc)
     else:
-        out.print(f"Tetri is up at [bold]{ready['url']}[/] ({mode}; "
-                  + ", ".join(f"{w['role']} {w['instance_id']}" for w in workers) + "). Ctrl-C stops it.")
+        out.print(
+            f"Tetri is up at [bold]{ready['url']}[/] ({mode}; "
+            + ", ".join(f"{w['role']} {w['instance_id']}" for w in workers)
+            + "). Ctrl-C stops it."
+        )
     sys.stdout.flush()
     code = 0
     while not stopping["flag"]:

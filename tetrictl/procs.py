@@ -18,8 +18,9 @@ class StartError(RuntimeError):
 
 def spawn(module: str, args: list[str]) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
 
 
 def wait_ready(proc: subprocess.Popen[str], what: str, timeout: float = 60.0) -> dict[str, Any]:
@@ -60,3 +61,5 @@ def stop_all(procs: list[subprocess.Popen[str]], grace: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+        if p.stdout is not None:
+            p.stdout.close()

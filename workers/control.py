@@ -4,6 +4,7 @@ stream and receive the daemon's decode-load broadcast in return. Reconnects with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -42,11 +43,15 @@ class ControlLink:
         u = self.service.engine.usage()
         reply = await stub.Register(
             pb.RegisterRequest(
-                instance_id=self.service.instance_id, role=self.service.role, address=self.address,
-                model=self.service.engine.model_name, max_model_len=self.service.engine.max_model_len,
+                instance_id=self.service.instance_id,
+                role=self.service.role,
+                address=self.address,
+                model=self.service.engine.model_name,
+                max_model_len=self.service.engine.max_model_len,
                 kv_capacity_tokens=u.kv_capacity_tokens,
             ),
-            metadata=auth_metadata(self.token), timeout=5,
+            metadata=auth_metadata(self.token),
+            timeout=5,
         )
         if not reply.accepted:
             raise RegistrationRefused(reply.reason)
@@ -55,10 +60,8 @@ class ControlLink:
     async def _reports(self) -> AsyncIterator[pb.LoadReport]:
         while not self._stop.is_set():
             yield self.service.load_report(self._now())
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.interval)
-            except TimeoutError:
-                pass
 
     async def run(self) -> None:
         """Stay connected until stopped. A refused registration ends the worker (RegistrationRefused)."""
@@ -82,10 +85,8 @@ class ControlLink:
                 if self._stop.is_set():
                     break
                 self.registered.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), backoff)
-                except TimeoutError:
-                    pass
                 backoff = min(2.0, backoff * 2)
 
     def stop(self) -> None:

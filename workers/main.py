@@ -64,8 +64,10 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
         print(json.dumps({"event": "error", "error": msg}), flush=True)
         code = 1
     else:
-        print(json.dumps({"event": "ready", "instance_id": instance_id, "role": settings.role, "address": address}),
-              flush=True)
+        print(
+            json.dumps({"event": "ready", "instance_id": instance_id, "role": settings.role, "address": address}),
+            flush=True,
+        )
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({link_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if link_task in done and isinstance(link_task.exception(), RegistrationRefused):
@@ -110,8 +112,15 @@ if __name__ == "__main__":
     try:
         s = load_worker_settings(
             None if a.config is None else __import__("pathlib").Path(a.config),
-            role=a.role, engine=a.engine, profile=a.profile, instance_id=a.instance_id, host=a.host,
-            daemon=a.daemon, token=a.token, port=a.port, time_scale=a.time_scale,
+            role=a.role,
+            engine=a.engine,
+            profile=a.profile,
+            instance_id=a.instance_id,
+            host=a.host,
+            daemon=a.daemon,
+            token=a.token,
+            port=a.port,
+            time_scale=a.time_scale,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

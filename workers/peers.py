@@ -25,14 +25,6 @@ class Peers:
     def worker(self, address: str) -> rpc.WorkerStub:
         return rpc.WorkerStub(self.channel(address))
 
-    def drop(self, address: str) -> None:
-        ch = self._channels.pop(address, None)
-        if ch is not None:
-            # closing is async; let the event loop finish it
-            import asyncio
-
-            asyncio.ensure_future(ch.close())
-
     async def close(self) -> None:
         for ch in self._channels.values():
             await ch.close()

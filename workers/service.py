@@ -30,18 +30,22 @@ class DecodeView:
 
     instances: dict[str, tuple[str, InstanceLoad]] = field(default_factory=dict)  # id -> (address, load)
     sent_since: dict[str, int] = field(default_factory=dict)
+    updated: asyncio.Event = field(default_factory=asyncio.Event)
 
     def update(self, msg: pb.DecodeLoadBroadcast) -> None:
         self.instances = {
             d.instance_id: (
                 d.address,
-                InstanceLoad(d.instance_id, d.load.queued, d.load.running, d.load.kv_used_tokens,
-                             d.load.kv_capacity_tokens),
+                InstanceLoad(
+                    d.instance_id, d.load.queued, d.load.running, d.load.kv_used_tokens, d.load.kv_capacity_tokens
+                ),
             )
             for d in msg.instances
             if d.load.state == "active"
         }
         self.sent_since.clear()
+        self.updated.set()
+        self.updated = asyncio.Event()
 
     def choose(self) -> tuple[str, str] | None:
         loads = [
@@ -96,8 +100,9 @@ async def _chunks(rid: str, queue: asyncio.Queue[object], produced: int, limit: 
             reason = "abort" if str(end) == "aborted" else "error"
             yield pb.TokenChunk(request_id=rid, token_ids=toks, finished=True, finish_reason=reason, error=str(end))
         else:
-            yield pb.TokenChunk(request_id=rid, token_ids=toks, finished=True,
-                                finish_reason="length" if produced >= limit else "stop")
+            yield pb.TokenChunk(
+                request_id=rid, token_ids=toks, finished=True, finish_reason="length" if produced >= limit else "stop"
+            )
         return
 
 
@@ -116,7 +121,9 @@ class WorkerService(rpc.WorkerServicer):
     def _req(r: pb.GenerateRequest) -> EngineRequest:
         return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens)
 
-    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TokenChunk]:  # noqa: N802
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TokenChunk]:
         req = self._req(request)
         if self.role == "colocated":
             queue: asyncio.Queue[object] = asyncio.Queue()
@@ -130,8 +137,12 @@ class WorkerService(rpc.WorkerServicer):
                     await self.engine.abort(req.request_id)
             return
         if self.role != "prefill":
-            yield pb.TokenChunk(request_id=req.request_id, finished=True, finish_reason="error",
-                                error=f"instance {self.instance_id} is a {self.role} instance")
+            yield pb.TokenChunk(
+                request_id=req.request_id,
+                finished=True,
+                finish_reason="error",
+                error=f"instance {self.instance_id} is a {self.role} instance",
+            )
             return
         async for chunk in self._prefill(request, req):
             yield chunk
@@ -152,10 +163,15 @@ class WorkerService(rpc.WorkerServicer):
             return
         yield pb.TokenChunk(request_id=rid, token_ids=[out.first_token])
         target = self._target(request.decode_instance_id)
+        if target is None:  # the view lags registration by up to one report: wait for the next broadcast
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.decode_view.updated.wait(), timeout=1.0)
+            target = self._target(request.decode_instance_id)
         if target is None:
             await self.engine.release_kv(rid)
-            yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="error",
-                                error="no healthy decode instance to hand over to")
+            yield pb.TokenChunk(
+                request_id=rid, finished=True, finish_reason="error", error="no healthy decode instance to hand over to"
+            )
             return
         decode_id, address = target
         kv = out.kv
@@ -164,8 +180,13 @@ class WorkerService(rpc.WorkerServicer):
                 pb.AcceptRequest(
                     request=request,
                     first_token=out.first_token,
-                    kv=pb.KVHandle(request_id=rid, num_tokens=kv.num_tokens, num_bytes=kv.num_bytes,
-                                   source_instance_id=kv.source_instance_id, params=kv.params),
+                    kv=pb.KVHandle(
+                        request_id=rid,
+                        num_tokens=kv.num_tokens,
+                        num_bytes=kv.num_bytes,
+                        source_instance_id=kv.source_instance_id,
+                        params=kv.params,
+                    ),
                 ),
                 timeout=30,
             )
@@ -184,7 +205,7 @@ class WorkerService(rpc.WorkerServicer):
             return (pinned, hit[0]) if hit else None
         return self.decode_view.choose()
 
-    async def Accept(self, request: pb.AcceptRequest, context: grpc.aio.ServicerContext) -> pb.AcceptReply:  # noqa: N802
+    async def Accept(self, request: pb.AcceptRequest, context: grpc.aio.ServicerContext) -> pb.AcceptReply:
         if self.role != "decode":
             return pb.AcceptReply(accepted=False, reason=f"instance {self.instance_id} is a {self.role} instance")
         if self.state != "active":
@@ -192,8 +213,13 @@ class WorkerService(rpc.WorkerServicer):
         req = self._req(request.request)
         if req.request_id in self.jobs:
             return pb.AcceptReply(accepted=False, reason=f"request {req.request_id} already here")
-        kv = KVHandle(request.kv.request_id, request.kv.num_tokens, request.kv.num_bytes,
-                      request.kv.source_instance_id, dict(request.kv.params))
+        kv = KVHandle(
+            request.kv.request_id,
+            request.kv.num_tokens,
+            request.kv.num_bytes,
+            request.kv.source_instance_id,
+            dict(request.kv.params),
+        )
         job = _DecodeJob(req, asyncio.Queue())
         job.task = asyncio.create_task(self._decode(job, kv, request.first_token))
         self.jobs[req.request_id] = job
@@ -207,7 +233,9 @@ class WorkerService(rpc.WorkerServicer):
             return
         await _pump(self.engine.decode(job.req, first_token), job.queue)
 
-    async def Attach(self, request: pb.AttachRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TokenChunk]:  # noqa: N802
+    async def Attach(
+        self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TokenChunk]:
         rid = request.request_id
         job = self.jobs.get(rid)
         if job is None:
@@ -224,7 +252,7 @@ class WorkerService(rpc.WorkerServicer):
                 job.task.cancel()
                 await self.engine.abort(rid)
 
-    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelReply:  # noqa: N802
+    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelReply:
         rid = request.request_id
         job = self.jobs.pop(rid, None)
         if job is not None and job.task is not None:
@@ -232,16 +260,28 @@ class WorkerService(rpc.WorkerServicer):
         await self.engine.abort(rid)
         return pb.CancelReply(found=job is not None)
 
-    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoReply:  # noqa: N802
-        return pb.InfoReply(instance_id=self.instance_id, role=self.role, model=self.engine.model_name,
-                            max_model_len=self.engine.max_model_len, load=self.load_report(0.0))
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoReply:
+        return pb.InfoReply(
+            instance_id=self.instance_id,
+            role=self.role,
+            model=self.engine.model_name,
+            max_model_len=self.engine.max_model_len,
+            load=self.load_report(0.0),
+        )
 
     def load_report(self, now: float) -> pb.LoadReport:
         u = self.engine.usage()
         return pb.LoadReport(
-            instance_id=self.instance_id, role=self.role, state=self.state, queued=u.waiting, running=u.running,
-            kv_used_tokens=u.kv_used_tokens, kv_capacity_tokens=u.kv_capacity_tokens,
-            tokens_per_s=u.tokens_per_s, preemptions=u.preemptions, timestamp=now,
+            instance_id=self.instance_id,
+            role=self.role,
+            state=self.state,
+            queued=u.waiting,
+            running=u.running,
+            kv_used_tokens=u.kv_used_tokens,
+            kv_capacity_tokens=u.kv_capacity_tokens,
+            tokens_per_s=u.tokens_per_s,
+            preemptions=u.preemptions,
+            timestamp=now,
         )
 
     async def close(self) -> None:

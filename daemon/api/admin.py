@@ -20,7 +20,7 @@ router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)])
 
 
 def _gw(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
+    return request.app.state.gateway
 
 
 @router.get("/cluster")
@@ -38,9 +38,14 @@ async def cluster(request: Request) -> dict[str, Any]:
     for fl in gw.inflight.values():
         phases[fl.phase.value] = phases.get(fl.phase.value, 0) + 1
     return {
-        "model": gw.model, "mode": request.app.state.mode, "uptime_s": time.time() - request.app.state.started,
-        "instances": by_role, "inflight": len(gw.inflight), "inflight_by_phase": phases,
-        "requests_by_status": counts, "max_model_len": gw.max_model_len(),
+        "model": gw.model,
+        "mode": request.app.state.mode,
+        "uptime_s": time.time() - request.app.state.started,
+        "instances": by_role,
+        "inflight": len(gw.inflight),
+        "inflight_by_phase": phases,
+        "requests_by_status": counts,
+        "max_model_len": gw.max_model_len(),
     }
 
 
@@ -66,8 +71,11 @@ async def requests(
     offset: int = Query(0, ge=0),
 ) -> dict[str, Any]:
     rows, total = await asyncio.to_thread(
-        request.app.state.store.list_requests, phase.value if phase else None, status.value if status else None,
-        limit, offset,
+        request.app.state.store.list_requests,
+        phase.value if phase else None,
+        status.value if status else None,
+        limit,
+        offset,
     )
     return {"requests": rows, "total": total, "limit": limit, "offset": offset}
 
@@ -81,8 +89,13 @@ async def one_request(request_id: str, request: Request) -> dict[str, Any]:
         raise HTTPException(404, detail=f"no request {request_id!r}")
     out: dict[str, Any] = dict(row or {"id": request_id})
     if fl is not None:
-        out.update(phase=fl.phase.value, status=Status.RUNNING.value, prefill_instance=fl.prefill_instance,
-                   decode_instance=fl.decode_instance, output_tokens=fl.produced)
+        out.update(
+            phase=fl.phase.value,
+            status=Status.RUNNING.value,
+            prefill_instance=fl.prefill_instance,
+            decode_instance=fl.decode_instance,
+            output_tokens=fl.produced,
+        )
         out["timeline"] = [{"phase": p, "ts": ts} for p, ts in fl.timeline]
     else:
         out["timeline"] = _timeline(out)
@@ -90,9 +103,13 @@ async def one_request(request_id: str, request: Request) -> dict[str, Any]:
 
 
 def _timeline(row: dict[str, Any]) -> list[dict[str, Any]]:
-    points = [("queued", row.get("arrival_ts")), ("prefill", row.get("prefill_start_ts")),
-              ("first_token", row.get("first_token_ts")), ("decode", row.get("decode_start_ts")),
-              ("done", row.get("finished_ts"))]
+    points = [
+        ("queued", row.get("arrival_ts")),
+        ("prefill", row.get("prefill_start_ts")),
+        ("first_token", row.get("first_token_ts")),
+        ("decode", row.get("decode_start_ts")),
+        ("done", row.get("finished_ts")),
+    ]
     return [{"phase": p, "ts": ts} for p, ts in points if ts is not None]
 
 

@@ -19,12 +19,14 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 tokenizer = ByteTokenizer()
 
 
-def openai_error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def openai_error(
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(message, type_, param, code), status_code=status)
 
 
 def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
+    return request.app.state.gateway
 
 
 @router.get("/v1/models")
@@ -72,19 +74,30 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     if body.max_tokens <= 0:
         return reject(400, f"max_tokens must be at least 1, got {body.max_tokens}", "BadRequestError", "max_tokens")
     if max_len is not None and len(ids) >= max_len:
-        return reject(400, f"prompt has {len(ids)} tokens; this model's context is {max_len}", "BadRequestError",
-                      "prompt", "context_length_exceeded")
+        return reject(
+            400,
+            f"prompt has {len(ids)} tokens; this model's context is {max_len}",
+            "BadRequestError",
+            "prompt",
+            "context_length_exceeded",
+        )
     if max_len is not None and len(ids) + body.max_tokens > max_len:
-        return reject(400, f"max_tokens {body.max_tokens} + prompt {len(ids)} tokens exceeds the context of {max_len}",
-                      "BadRequestError", "max_tokens", "context_length_exceeded")
+        return reject(
+            400,
+            f"max_tokens {body.max_tokens} + prompt {len(ids)} tokens exceeds the context of {max_len}",
+            "BadRequestError",
+            "max_tokens",
+            "context_length_exceeded",
+        )
     if max_len is None:
         return reject(503, "no instance is registered yet", "ServiceUnavailableError", None)
     sla = body.tetri
     events = gw.run(rid, ids, body.max_tokens, sla.sla_ttft_ms if sla else None, sla.sla_jct_ms if sla else None)
     created = int(time.time())
     if body.stream:
-        return StreamingResponse(_sse(events, rid, created, gw.model, len(ids), body.return_token_ids),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            _sse(events, rid, created, gw.model, len(ids), body.return_token_ids), media_type="text/event-stream"
+        )
     toks: list[int] = []
     async for ev in events:
         if isinstance(ev, Failed):
@@ -93,12 +106,22 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
             reason = ev.reason
         else:
             toks.extend(ev.ids)
-    return JSONResponse(completion_chunk(rid, created, gw.model, tokenizer.decode(toks), reason,
-                                         usage(len(ids), len(toks)), toks if body.return_token_ids else None))
+    return JSONResponse(
+        completion_chunk(
+            rid,
+            created,
+            gw.model,
+            tokenizer.decode(toks),
+            reason,
+            usage(len(ids), len(toks)),
+            toks if body.return_token_ids else None,
+        )
+    )
 
 
-async def _sse(events: AsyncIterator[Any], rid: str, created: int, model: str, prompt_len: int,
-               with_ids: bool) -> AsyncIterator[bytes]:
+async def _sse(
+    events: AsyncIterator[Any], rid: str, created: int, model: str, prompt_len: int, with_ids: bool
+) -> AsyncIterator[bytes]:
     n = 0
     async for ev in events:
         if isinstance(ev, Failed):
@@ -109,7 +132,6 @@ async def _sse(events: AsyncIterator[Any], rid: str, created: int, model: str, p
             yield b"data: " + json.dumps(body).encode() + b"\n\n"
             break
         n += len(ev.ids)
-        body = completion_chunk(rid, created, model, tokenizer.decode(ev.ids), None, None,
-                                ev.ids if with_ids else None)
+        body = completion_chunk(rid, created, model, tokenizer.decode(ev.ids), None, None, ev.ids if with_ids else None)
         yield b"data: " + json.dumps(body).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"

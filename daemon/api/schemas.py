@@ -39,22 +39,35 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 def completion_chunk(
-    rid: str, created: int, model: str, text: str, finish_reason: str | None,
-    usage: dict[str, int] | None = None, token_ids: list[int] | None = None,
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    usage: dict[str, int] | None = None,
+    token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids
-    body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                            "choices": [choice]}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
     if usage is not None:
         body["usage"] = usage
     return body
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 class ModelCard(BaseModel):

@@ -22,8 +22,14 @@ class LiveCluster:
     def db_url(self) -> str:
         return f"sqlite:///{(self.state_dir / 'tetri.db').as_posix()}"
 
-    def add_worker(self, role: str, profile: str = "tiny", time_scale: float = 50.0, token: str | None = None,
-                   expect_ready: bool = True) -> tuple[subprocess.Popen[str], dict]:
+    def add_worker(
+        self,
+        role: str,
+        profile: str = "tiny",
+        time_scale: float = 50.0,
+        token: str | None = None,
+        expect_ready: bool = True,
+    ) -> tuple[subprocess.Popen[str], dict]:
         args = ["--role", role, "--daemon", self.grpc, "--profile", profile, "--time-scale", str(time_scale)]
         tok = token if token is not None else self.token
         if tok:
@@ -39,8 +45,16 @@ class LiveCluster:
         stop_all([self.daemon, *self.workers.values()])
 
 
-def start_cluster(state_dir: Path, roles: list[str], *, mode: str = "disaggregated", profile: str = "tiny",
-                  time_scale: float = 50.0, token: str | None = None, host: str = "127.0.0.1") -> LiveCluster:
+def start_cluster(
+    state_dir: Path,
+    roles: list[str],
+    *,
+    mode: str = "disaggregated",
+    profile: str = "tiny",
+    time_scale: float = 50.0,
+    token: str | None = None,
+    host: str = "127.0.0.1",
+) -> LiveCluster:
     args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state_dir), "--mode", mode, "--host", host]
     if token:
         args += ["--token", token]

@@ -4,10 +4,8 @@ the status table."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -49,7 +47,10 @@ async def stream_many(url: str, n: int) -> list[tuple[str, int, int, str | None]
     async def one(i: int) -> tuple[str, int, int, str | None]:
         want = 5 + (i % 7) * 3
         stream = await client.completions.create(
-            model=MODEL, prompt=[(i * 7 + k) % 250 for k in range(10 + i % 40)], max_tokens=want, stream=True,
+            model=MODEL,
+            prompt=[(i * 7 + k) % 250 for k in range(10 + i % 40)],
+            max_tokens=want,
+            stream=True,
             extra_body={"tetri": {"sla_ttft_ms": 500}},
         )
         got, rid, usage, reason = 0, "", None, None
@@ -110,10 +111,12 @@ def test_non_streaming_and_models(disagg: LiveCluster):
     try:
         models = client.models.list()
         assert [m.id for m in models.data] == [MODEL]
-        a = client.completions.create(model=MODEL, prompt="hello tetri", max_tokens=7,
-                                      extra_body={"return_token_ids": True})
-        b = client.completions.create(model=MODEL, prompt="hello tetri", max_tokens=7,
-                                      extra_body={"return_token_ids": True})
+        a = client.completions.create(
+            model=MODEL, prompt="hello tetri", max_tokens=7, extra_body={"return_token_ids": True}
+        )
+        b = client.completions.create(
+            model=MODEL, prompt="hello tetri", max_tokens=7, extra_body={"return_token_ids": True}
+        )
     finally:
         client.close()
     assert a.usage.completion_tokens == 7 and a.usage.prompt_tokens == len(b"hello tetri")
@@ -172,28 +175,13 @@ def test_admin_api_and_metrics(disagg: LiveCluster):
         assert h.post(f"/api/v1/requests/{one['id']}/cancel").status_code == 409
         assert h.get("/api/v1/requests", params={"phase": "bogus"}).status_code == 400
         text = h.get("/metrics").text
-        for name in ("tetri_ttft_seconds_bucket", "tetri_jct_seconds_count", "tetri_itl_seconds_count",
-                     "tetri_instance_kv_usage_ratio", "tetri_queue_depth", "tetri_generated_tokens_total"):
+        for name in (
+            "tetri_ttft_seconds_bucket",
+            "tetri_jct_seconds_count",
+            "tetri_itl_seconds_count",
+            "tetri_instance_kv_usage_ratio",
+            "tetri_queue_depth",
+            "tetri_generated_tokens_total",
+        ):
             assert name in text
         assert h.get("/healthz").status_code == 200 and h.get("/readyz").json()["ready"] is True
-
-
-def test_cancel_in_flight(disagg: LiveCluster):
-    async def go() -> None:
-        async with httpx.AsyncClient(base_url=disagg.url, timeout=60) as h:
-            async with h.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": [1, 2, 3],
-                                                                   "max_tokens": 400, "stream": True}) as resp:
-                rid = None
-                async for line in resp.aiter_lines():
-                    if line.startswith("data: {"):
-                        rid = json.loads(line[6:])["id"]
-                        break
-                assert rid
-                r = await h.post(f"/api/v1/requests/{rid}/cancel")
-                assert r.status_code == 200
-                tail = [line async for line in resp.aiter_lines() if line.startswith("data: ")]
-                assert tail[-1] == "data: [DONE]"
-        await asyncio.sleep(0.3)
-        assert rows(disagg)[rid]["status"] == "cancelled"
-
-    asyncio.run(go())

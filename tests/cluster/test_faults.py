@@ -36,10 +36,13 @@ def test_decode_worker_dies_mid_request(tmp_path: Path):
         client = openai.OpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0, timeout=30)
         stream = client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=2000, stream=True)
         it = iter(stream)
-        first = next(it)
-        rid = first.id
+        seen, rid = 0, ""
+        while seen < 5:  # tokens after the first come from the decode instance: it is decoding now
+            chunk = next(it)
+            rid = chunk.id
+            seen += len(chunk.choices[0].text.split())
         c.workers[decode_id].send_signal(signal.SIGKILL)
-        with pytest.raises(openai.APIError, match="failed mid-request|closed the stream"):
+        with pytest.raises(openai.APIError, match=r"failed mid-request|closed the stream"):
             for _ in it:
                 pass
         deadline = time.monotonic() + 5
@@ -73,6 +76,7 @@ def test_worker_with_wrong_token_is_refused(tmp_path: Path):
         msg = json.loads(line)
         assert msg["event"] == "error" and "refused" in msg["error"]
         assert p.wait(timeout=10) == 1
+        p.stdout.close()  # type: ignore[union-attr]
         _, info = c.add_worker("prefill")  # the right token
         assert info["role"] == "prefill"
         with httpx.Client(base_url=c.url, timeout=10) as h:
@@ -87,23 +91,31 @@ def test_restart_marks_in_flight_requests_interrupted(tmp_path: Path):
     c = start_cluster(tmp_path, ["colocated"], mode="colocated", time_scale=2.0)
     ids: list[str] = []
 
-    async def start_streams() -> None:
+    async def streams_then_kill() -> None:
         async with httpx.AsyncClient(base_url=c.url, timeout=30) as h:
-            async def one() -> None:
-                async with h.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": [3, 4],
-                                                                       "max_tokens": 1500, "stream": True}) as r:
+
+            async def one() -> None:  # stays connected, reading, until the daemon dies
+                async with h.stream(
+                    "POST",
+                    "/v1/completions",
+                    json={"model": MODEL, "prompt": [3, 4], "max_tokens": 1500, "stream": True},
+                ) as r:
                     async for line in r.aiter_lines():
-                        if line.startswith("data: {"):
+                        if line.startswith("data: {") and len(ids) < 3 and json.loads(line[6:])["id"] not in ids:
                             ids.append(json.loads(line[6:])["id"])
-                            return
-            await asyncio.gather(*(one() for _ in range(3)))
+
+            tasks = [asyncio.create_task(one()) for _ in range(3)]
+            while len(ids) < 3:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)  # a few flush intervals: the rows are in the table as running
+            assert {all_rows(c.db_url)[i]["status"] for i in ids} == {"running"}
+            c.daemon.send_signal(signal.SIGKILL)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     try:
-        asyncio.run(start_streams())
-        time.sleep(0.3)  # one flush interval: the rows are in the table as running
-        assert {all_rows(c.db_url)[i]["status"] for i in ids} == {"running"}
-        c.daemon.send_signal(signal.SIGKILL)
+        asyncio.run(streams_then_kill())
         c.daemon.wait()
+        c.daemon.stdout.close()  # type: ignore[union-attr]
         daemon = spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(tmp_path)])
         ready = wait_ready(daemon, "daemon")
         c.daemon = daemon
@@ -118,8 +130,23 @@ def test_restart_marks_in_flight_requests_interrupted(tmp_path: Path):
 
 
 def test_tetrictl_up_starts_and_stops_cleanly(tmp_path: Path):
-    p = spawn("tetrictl.app", ["up", "--port", "0", "--grpc-port", "0", "--state-dir", str(tmp_path),
-                               "--profile", "tiny", "--time-scale", "50", "--json"])
+    p = spawn(
+        "tetrictl.app",
+        [
+            "up",
+            "--port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--state-dir",
+            str(tmp_path),
+            "--profile",
+            "tiny",
+            "--time-scale",
+            "50",
+            "--json",
+        ],
+    )
     try:
         text = ""
         deadline = time.monotonic() + 60
@@ -140,3 +167,36 @@ def test_tetrictl_up_starts_and_stops_cleanly(tmp_path: Path):
     finally:
         if p.poll() is None:
             p.kill()
+            p.wait()
+        p.stdout.close()  # type: ignore[union-attr]
+
+
+def test_cancel_in_flight(tmp_path: Path):
+    disagg = start_cluster(tmp_path, ["prefill", "decode"], time_scale=1.0)
+
+    async def go() -> None:
+        async with (
+            httpx.AsyncClient(base_url=disagg.url, timeout=60) as h,
+            h.stream(
+                "POST", "/v1/completions", json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 400, "stream": True}
+            ) as resp,
+        ):
+            lines = resp.aiter_lines()  # one iterator: abandoning it would close the response
+            rid = None
+            async for line in lines:
+                if line.startswith("data: {"):
+                    rid = json.loads(line[6:])["id"]
+                    break
+            assert rid
+            r = await h.post(f"/api/v1/requests/{rid}/cancel")
+            assert r.status_code == 200
+            tail = [line async for line in lines if line.startswith("data: ")]
+            assert tail[-1] == "data: [DONE]"
+            assert json.loads(tail[-2][6:])["choices"][0]["finish_reason"] == "cancelled"
+        await asyncio.sleep(0.3)
+        assert all_rows(disagg.db_url)[rid]["status"] == "cancelled"
+
+    try:
+        asyncio.run(go())
+    finally:
+        disagg.stop()

@@ -16,8 +16,14 @@ FILES = ("tetri_pb2.py", "tetri_pb2.pyi", "tetri_pb2_grpc.py")
 
 
 def generate(out: Path) -> None:
-    args = ["protoc", f"-I{HERE}", f"--python_out={out}", f"--pyi_out={out}", f"--grpc_python_out={out}",
-            str(HERE / "tetri.proto")]
+    args = [
+        "protoc",
+        f"-I{HERE}",
+        f"--python_out={out}",
+        f"--pyi_out={out}",
+        f"--grpc_python_out={out}",
+        str(HERE / "tetri.proto"),
+    ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     grpc_file = out / "tetri_pb2_grpc.py"  # generated code imports its sibling absolutely
