@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -165,9 +166,13 @@ def test_tetrictl_up_starts_and_stops_cleanly(tmp_path: Path):
         with pytest.raises(httpx.ConnectError):
             httpx.get(doc["url"] + "/healthz", timeout=2)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        if p.poll() is None:  # SIGTERM first: `up` stops its children; SIGKILL would orphan them
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         p.stdout.close()  # type: ignore[union-attr]
 
 

@@ -1,0 +1,190 @@
+"""Control-plane benchmark: requests/s through the daemon with the status table on, and the latency the
+daemon adds over calling the workers directly (same requests, same workers, side by side).
+
+    python bench/cluster_bench.py [--requests 3000] [--concurrency 64] [--time-scale 1000]
+
+Starts a daemon and one prefill + one decode sim worker on loopback (as `tetrictl up` does), then:
+1. latency, one request at a time: N requests straight to the workers over gRPC (prefill Generate,
+   then decode Attach: exactly the daemon's calls), and N through the daemon's HTTP API; the p50/p99
+   difference is the control plane's added latency;
+2. throughput: `--requests` short requests from `--concurrency` concurrent clients through the daemon.
+Short requests: 16 prompt tokens, 4 output tokens. Prints tables; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from tetrictl.procs import spawn, stop_all, wait_ready
+from workers.proto import pb, rpc
+
+console = Console(width=120)
+PROMPT = list(range(1, 17))
+MAX_TOKENS = 4
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def direct(prefill_addr: str, n: int) -> list[float]:
+    lat = []
+    async with grpc.aio.insecure_channel(prefill_addr) as ch:
+        stub = rpc.WorkerStub(ch)
+        decode_channels: dict[str, grpc.aio.Channel] = {}
+        for i in range(n):
+            t0 = time.perf_counter()
+            handoff = None
+            got = 0
+            req = pb.GenerateRequest(request_id=f"direct-{i}", prompt_token_ids=PROMPT, max_tokens=MAX_TOKENS)
+            async for chunk in stub.Generate(req):
+                got += len(chunk.token_ids)
+                if chunk.HasField("handoff"):
+                    handoff = chunk.handoff
+            assert handoff is not None
+            dch = decode_channels.setdefault(handoff.decode_address, grpc.aio.insecure_channel(handoff.decode_address))
+            async for chunk in rpc.WorkerStub(dch).Attach(pb.AttachRequest(request_id=f"direct-{i}")):
+                got += len(chunk.token_ids)
+            assert got == MAX_TOKENS
+            lat.append(time.perf_counter() - t0)
+        for c in decode_channels.values():
+            await c.close()
+    return lat
+
+
+async def through_daemon(url: str, n: int, concurrency: int) -> tuple[list[float], float]:
+    """`concurrency` keep-alive HTTP/1.1 connections, each sending requests back to back. A minimal
+    client on raw asyncio streams: httpx costs more CPU per request than the daemon itself, and the
+    load generator shares the machine's 2 cores with the cluster."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "tetri-sim", "prompt": PROMPT, "max_tokens": MAX_TOKENS}).encode()
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    lat: list[float] = []
+    left = [n]
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while left[0] > 0:
+                left[0] -= 1
+                t0 = time.perf_counter()
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head.split(b" ", 2)[1])
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                payload = await reader.readexactly(length)
+                assert status == 200 and json.loads(payload)["usage"]["completion_tokens"] == MAX_TOKENS, payload
+                lat.append(time.perf_counter() - t0)
+        finally:
+            writer.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return lat, time.perf_counter() - t0
+
+
+def table(title: str, cols: list[str], rows: list[list[object]]) -> None:
+    t = Table(title=title, title_justify="left")
+    for i, c in enumerate(cols):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in r])
+    console.print(t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--latency-requests", type=int, default=300)
+    ap.add_argument("--time-scale", type=float, default=1000.0)
+    ap.add_argument("--profile", default="llama3-8b-h100")
+    a = ap.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="tetri-bench-"))
+    procs = [spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(state)])]
+    try:
+        ready = wait_ready(procs[0], "daemon")
+        workers = {}
+        for role in ("prefill", "decode"):
+            procs.append(
+                spawn(
+                    "workers.main",
+                    [
+                        "--role",
+                        role,
+                        "--daemon",
+                        ready["grpc"],
+                        "--profile",
+                        a.profile,
+                        "--time-scale",
+                        str(a.time_scale),
+                    ],
+                )
+            )
+            workers[role] = wait_ready(procs[-1], role)
+        time.sleep(0.5)  # one broadcast so the prefill instance knows the decode instance
+        asyncio.run(through_daemon(ready["url"], 100, 8))  # warm-up
+        d = asyncio.run(direct(workers["prefill"]["address"], a.latency_requests))
+        t, _ = asyncio.run(through_daemon(ready["url"], a.latency_requests, 1))
+        d2 = asyncio.run(direct(workers["prefill"]["address"], a.latency_requests))
+        d += d2
+        ms = 1000.0
+        table(
+            f"Latency, one request at a time ({len(d)} direct / {len(t)} via daemon; {MAX_TOKENS} output tokens)",
+            ["path", "p50 ms", "p90 ms", "p99 ms", "mean ms"],
+            [
+                [
+                    "workers directly (gRPC)",
+                    pct(d, 0.5) * ms,
+                    pct(d, 0.9) * ms,
+                    pct(d, 0.99) * ms,
+                    statistics.mean(d) * ms,
+                ],
+                [
+                    "through the daemon (HTTP + status table)",
+                    pct(t, 0.5) * ms,
+                    pct(t, 0.9) * ms,
+                    pct(t, 0.99) * ms,
+                    statistics.mean(t) * ms,
+                ],
+                [
+                    "added by the control plane",
+                    (pct(t, 0.5) - pct(d, 0.5)) * ms,
+                    (pct(t, 0.9) - pct(d, 0.9)) * ms,
+                    (pct(t, 0.99) - pct(d, 0.99)) * ms,
+                    (statistics.mean(t) - statistics.mean(d)) * ms,
+                ],
+            ],
+        )
+        lat, wall = asyncio.run(through_daemon(ready["url"], a.requests, a.concurrency))
+        table(
+            f"Throughput through the daemon ({a.requests} requests, {a.concurrency} concurrent clients, "
+            f"load generator on the same 2 cores)",
+            ["requests/s", "p50 ms", "p99 ms"],
+            [[a.requests / wall, pct(lat, 0.5) * ms, pct(lat, 0.99) * ms]],
+        )
+        with httpx.Client(base_url=ready["url"]) as h:
+            time.sleep(0.3)
+            counts = h.get("/api/v1/cluster").json()["requests_by_status"]
+        console.print(f"status table: {counts}")
+    finally:
+        stop_all(procs)
+
+
+if __name__ == "__main__":
+    main()
