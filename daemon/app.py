@@ -45,7 +45,7 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         gateway = Gateway(cluster, writer, metrics, settings.model)
 
         def on_register(inst: Instance) -> None:
-            writer_submit_instance(store, inst)
+            _record_instance(store, inst)
 
         server = grpc.aio.server()
         rpc.add_ControlPlaneServicer_to_server(ControlPlaneService(cluster, settings.token, on_register), server)
@@ -121,7 +121,7 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
     return app
 
 
-def writer_submit_instance(store: Store, inst: Instance) -> None:
+def _record_instance(store: Store, inst: Instance) -> None:
     """Instance registration is rare: write it straight through (off the request path)."""
     loop = asyncio.get_running_loop()
     loop.run_in_executor(

@@ -77,14 +77,12 @@ class Cluster:
         unhealthy_after: int,
         writer: BatchWriter | None = None,
         sample_every: int = 10,
-        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.instances: dict[str, Instance] = {}
         self.report_interval_s = report_interval_s
         self.unhealthy_after = unhealthy_after
         self.writer = writer
         self.sample_every = sample_every
-        self.on_change = on_change
 
     # --- registry ---------------------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> Instance:
@@ -111,10 +109,8 @@ class Cluster:
         inst.last_report = time.time()
         inst.reports += 1
         if inst.state == "unhealthy":
-            inst.state = "active"
             log.warning("instance %s is reporting again", inst.id)
-        elif msg.state in ("draining", "flipping"):
-            inst.state = msg.state
+        inst.state = msg.state or "active"  # the worker's own word: active, draining or flipping
         if self.writer is not None and inst.reports % self.sample_every == 1:
             self.writer.submit_load_samples(
                 [

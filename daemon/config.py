@@ -7,6 +7,7 @@ Every field is documented here and in docs/cluster.md.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
@@ -70,7 +71,12 @@ class WorkerSettings(BaseSettings):
 
 
 def is_loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _section(path: Path | None, name: str) -> dict[str, Any]:
@@ -91,7 +97,8 @@ def _section(path: Path | None, name: str) -> dict[str, Any]:
 
 def _build(cls: type[BaseSettings], path: Path | None, name: str, overrides: dict[str, Any]) -> Any:
     base = _section(path, name)
-    env_keys = {k[len(cls.model_config["env_prefix"]) :].lower() for k in os.environ}
+    prefix = str(cls.model_config["env_prefix"])
+    env_keys = {k[len(prefix) :].lower() for k in os.environ if k.upper().startswith(prefix)}
     merged = {k: v for k, v in base.items() if k not in env_keys}  # the environment beats the file
     merged.update({k: v for k, v in overrides.items() if v is not None})
     try:

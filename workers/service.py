@@ -114,7 +114,8 @@ class WorkerService(rpc.WorkerServicer):
         self.peers = peers
         self.token = token
         self.decode_view = DecodeView()
-        self.jobs: dict[str, _DecodeJob] = {}
+        self.jobs: dict[str, _DecodeJob] = {}  # decode: accepted requests
+        self.generating: dict[str, asyncio.Queue[object]] = {}  # colocated: streams in progress
         self.state = "active"
 
     @staticmethod
@@ -127,11 +128,13 @@ class WorkerService(rpc.WorkerServicer):
         req = self._req(request)
         if self.role == "colocated":
             queue: asyncio.Queue[object] = asyncio.Queue()
+            self.generating[req.request_id] = queue
             pump = asyncio.create_task(_pump(self.engine.generate(req), queue))
             try:
                 async for chunk in _chunks(req.request_id, queue, 0, req.max_tokens):
                     yield chunk
             finally:
+                self.generating.pop(req.request_id, None)
                 if not pump.done():
                     pump.cancel()
                     await self.engine.abort(req.request_id)
@@ -231,6 +234,9 @@ class WorkerService(rpc.WorkerServicer):
         except EngineError as e:
             job.queue.put_nowait(e)
             return
+        except asyncio.CancelledError:  # cancelled while the KV was still arriving: end the Attach stream
+            job.queue.put_nowait(EngineError("aborted"))
+            raise
         await _pump(self.engine.decode(job.req, first_token), job.queue)
 
     async def Attach(
@@ -257,8 +263,11 @@ class WorkerService(rpc.WorkerServicer):
         job = self.jobs.pop(rid, None)
         if job is not None and job.task is not None:
             job.task.cancel()
+        stream = self.generating.get(rid)
+        if stream is not None:  # the colocated stream ends with "abort", not as a short "stop"
+            stream.put_nowait(EngineError("aborted"))
         await self.engine.abort(rid)
-        return pb.CancelReply(found=job is not None)
+        return pb.CancelReply(found=job is not None or stream is not None)
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoReply:
         return pb.InfoReply(

@@ -1,0 +1,93 @@
+"""`tetrictl daemon start` and `tetrictl worker start` spread a cluster over processes (hosts); API keys
+guard the OpenAI endpoint."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tetrictl.procs import spawn, stop_all, wait_ready
+
+pytestmark = pytest.mark.slow
+
+
+def test_daemon_and_workers_started_separately(tmp_path: Path):
+    cfg = tmp_path / "tetri.toml"
+    cfg.write_text(
+        '[daemon]\napi_keys = ["k1"]\nreport_interval_s = 0.05\n\n[worker]\nprofile = "tiny"\ntime_scale = 50\n'
+    )
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs.append(
+            spawn(
+                "tetrictl.app",
+                [
+                    "daemon",
+                    "start",
+                    "--port",
+                    "0",
+                    "--grpc-port",
+                    "0",
+                    "--state-dir",
+                    str(tmp_path),
+                    "--config",
+                    str(cfg),
+                ],
+            )
+        )
+        ready = wait_ready(procs[0], "daemon")
+        for role in ("prefill", "decode"):
+            procs.append(
+                spawn(
+                    "tetrictl.app", ["worker", "start", "--role", role, "--daemon", ready["grpc"], "--config", str(cfg)]
+                )
+            )
+            info = wait_ready(procs[-1], role)
+            assert info["role"] == role
+        with httpx.Client(base_url=ready["url"], timeout=10) as h:
+            insts = h.get("/api/v1/instances").json()["instances"]
+            assert {i["role"] for i in insts} == {"prefill", "decode"}
+            assert all(i["model"] and i["kv_capacity_tokens"] > 0 for i in insts)
+            assert h.post("/v1/completions", json={"model": "tetri-sim", "prompt": "x"}).status_code == 401
+        ok = openai.OpenAI(base_url=ready["url"] + "/v1", api_key="k1", max_retries=0)
+        bad = openai.OpenAI(base_url=ready["url"] + "/v1", api_key="nope", max_retries=0)
+        try:
+            assert ok.completions.create(model="tetri-sim", prompt="hi", max_tokens=3).usage.completion_tokens == 3
+            with pytest.raises(openai.AuthenticationError):
+                bad.completions.create(model="tetri-sim", prompt="hi", max_tokens=3)
+        finally:
+            ok.close()
+            bad.close()
+        procs[-1].send_signal(signal.SIGTERM)
+        assert procs[-1].wait(timeout=10) == 0
+    finally:
+        stop_all(procs)
+
+
+def test_daemon_refuses_public_bind_without_token(tmp_path: Path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tetrictl.app",
+            "daemon",
+            "start",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "needs a token" in r.stderr and "Traceback" not in r.stderr

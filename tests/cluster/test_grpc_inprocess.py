@@ -1,0 +1,726 @@
+"""The gRPC services in one process: real grpc.aio servers on 127.0.0.1, real SimEngines (`tiny` profile
+on a ScaledClock), real channels. Covers daemon/cluster.py's ControlPlaneService and Cluster, and
+workers/service.py's WorkerService (prefill → decode hand-over, colocated, cancel, errors)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from daemon.cluster import Cluster, ControlPlaneService, Instance
+from workers.clock import ScaledClock
+from workers.control import ControlLink, RegistrationRefused
+from workers.engines.costmodel import load_profile
+from workers.engines.sim import SimEngine, sim_token
+from workers.peers import Peers, auth_metadata
+from workers.proto import pb, rpc
+from workers.service import DecodeView, WorkerService
+
+PROFILE = load_profile("tiny")
+VOCAB = PROFILE.model.vocab_size
+MAX_LEN = PROFILE.model.max_model_len
+SCALE = 50.0
+TOKEN = "s3cret-token"
+
+
+# --- plumbing -------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _serve(add: Callable[[grpc.aio.Server], None]) -> AsyncIterator[str]:
+    server = grpc.aio.server()
+    add(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    assert port > 0
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(grace=None)
+
+
+@dataclass
+class Node:
+    service: WorkerService
+    engine: SimEngine
+    address: str
+    stub: rpc.WorkerStub
+
+    @property
+    def id(self) -> str:
+        return self.service.instance_id
+
+
+@asynccontextmanager
+async def _worker(role: str, instance_id: str, scale: float = SCALE) -> AsyncIterator[Node]:
+    engine = SimEngine(PROFILE, role, instance_id, ScaledClock(scale))
+    peers = Peers()
+    service = WorkerService(engine, role, instance_id, peers)
+    await engine.start()
+    try:
+        async with (
+            _serve(lambda s: rpc.add_WorkerServicer_to_server(service, s)) as address,
+            grpc.aio.insecure_channel(address) as channel,
+        ):
+            yield Node(service, engine, address, rpc.WorkerStub(channel))
+    finally:
+        await service.close()
+        await peers.close()
+        await engine.stop()
+
+
+@asynccontextmanager
+async def _control_plane(
+    token: str | None = None, report_interval_s: float = 0.05, unhealthy_after: int = 3
+) -> AsyncIterator[tuple[Cluster, list[Instance], rpc.ControlPlaneStub, str]]:
+    cluster = Cluster(report_interval_s=report_interval_s, unhealthy_after=unhealthy_after)
+    registered: list[Instance] = []
+    service = ControlPlaneService(cluster, token, registered.append)
+    async with (
+        _serve(lambda s: rpc.add_ControlPlaneServicer_to_server(service, s)) as address,
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        yield cluster, registered, rpc.ControlPlaneStub(channel), address
+
+
+def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Each test is one event loop; a hung stream fails the test instead of hanging the run."""
+
+    async def bounded() -> None:
+        await asyncio.wait_for(scenario(), timeout=10)
+
+    asyncio.run(bounded())
+
+
+def _prompt(n: int, seed: int = 1) -> list[int]:
+    return [(seed * 7919 + i * 31) % VOCAB for i in range(n)]
+
+
+def _gen(rid: str, prompt: list[int], max_tokens: int, decode_instance_id: str = "") -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens, decode_instance_id=decode_instance_id
+    )
+
+
+def _accept(rid: str, prompt: list[int], max_tokens: int, first_token: int = 7) -> pb.AcceptRequest:
+    return pb.AcceptRequest(
+        request=_gen(rid, prompt, max_tokens),
+        first_token=first_token,
+        kv=pb.KVHandle(request_id=rid, num_tokens=len(prompt), num_bytes=len(prompt) * 2048, source_instance_id="p"),
+    )
+
+
+async def _collect(call: grpc.aio.UnaryStreamCall) -> list[pb.TokenChunk]:
+    return [chunk async for chunk in call]
+
+
+def _tokens(chunks: list[pb.TokenChunk]) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+def _broadcast(*decodes: Node, state: str = "active") -> pb.DecodeLoadBroadcast:
+    instances = []
+    for n in decodes:
+        load = n.service.load_report(0.0)
+        load.state = state
+        assert load.kv_capacity_tokens > 0
+        instances.append(pb.DecodeInstanceLoad(instance_id=n.id, address=n.address, load=load))
+    return pb.DecodeLoadBroadcast(instances=instances, timestamp=time.time())
+
+
+def _register(iid: str, role: str, address: str = "127.0.0.1:1", kv: int = 4096) -> pb.RegisterRequest:
+    return pb.RegisterRequest(
+        instance_id=iid,
+        role=role,
+        address=address,
+        model="tetri/tiny-sim",
+        max_model_len=MAX_LEN,
+        kv_capacity_tokens=kv,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- ControlPlaneService --------------------------------------------------------------------------
+
+
+def test_register_accepts_known_roles_and_refuses_others() -> None:
+    async def scenario() -> None:
+        async with _control_plane(report_interval_s=0.05) as (cluster, registered, stub, _):
+            for port, (iid, role) in enumerate((("p1", "prefill"), ("d1", "decode"), ("c1", "colocated")), 5001):
+                reply = await stub.Register(_register(iid, role, address=f"127.0.0.1:{port}"))
+                assert reply.accepted, reply.reason
+                assert reply.report_interval_s == pytest.approx(0.05)
+            assert set(cluster.instances) == {"p1", "d1", "c1"}
+            d1 = cluster.instances["d1"]
+            assert (d1.role, d1.address, d1.model, d1.max_model_len) == (
+                "decode",
+                "127.0.0.1:5002",
+                "tetri/tiny-sim",
+                MAX_LEN,
+            )
+            assert d1.kv_capacity_tokens == 4096
+            assert d1.state == "active"
+            assert [i.id for i in registered] == ["p1", "d1", "c1"]
+            assert [i.id for i in cluster.healthy("decode")] == ["d1"]
+
+            bad = await stub.Register(_register("x1", "router"))
+            assert not bad.accepted
+            assert "router" in bad.reason
+            no_addr = await stub.Register(_register("x2", "decode", address=""))
+            assert not no_addr.accepted
+            assert "address" in no_addr.reason
+            assert "x1" not in cluster.instances
+            assert "x2" not in cluster.instances
+            assert len(registered) == 3
+
+            # Re-registration replaces the instance (a restarted worker) and keeps the daemon's in-flight count.
+            cluster.instances["d1"].inflight = 2
+            again = await stub.Register(_register("d1", "decode", address="127.0.0.1:6000"))
+            assert again.accepted
+            assert cluster.instances["d1"].address == "127.0.0.1:6000"
+            assert cluster.instances["d1"].inflight == 2
+
+    _run(scenario)
+
+
+def test_register_and_report_need_the_token() -> None:
+    async def scenario() -> None:
+        async with _control_plane(token=TOKEN) as (cluster, registered, stub, _):
+            for metadata in ((), auth_metadata("wrong"), (("authorization", TOKEN),)):
+                with pytest.raises(grpc.aio.AioRpcError) as exc:
+                    await stub.Register(_register("p1", "prefill"), metadata=metadata)
+                assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert cluster.instances == {}
+            assert registered == []
+
+            ok = await stub.Register(_register("p1", "prefill"), metadata=auth_metadata(TOKEN))
+            assert ok.accepted
+            assert "p1" in cluster.instances
+
+            # The stream is refused before any report is read. (Nothing is written here: a write racing the
+            # server's abort turns into a client-side INTERNAL status in grpc.aio.)
+            for metadata in ((), auth_metadata("wrong")):
+                call = stub.ReportLoad(metadata=metadata)
+                with pytest.raises(grpc.aio.AioRpcError) as exc:
+                    await call.read()
+                assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert cluster.instances["p1"].reports == 0
+
+            call = stub.ReportLoad(metadata=auth_metadata(TOKEN))
+            await call.write(pb.LoadReport(instance_id="p1", role="prefill", state="active", queued=9))
+            msg = await call.read()
+            assert isinstance(msg, pb.DecodeLoadBroadcast)
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+            assert cluster.instances["p1"].load.queued == 9
+
+    _run(scenario)
+
+
+def test_report_load_answers_each_report_with_decode_load() -> None:
+    async def scenario() -> None:
+        async with _control_plane() as (cluster, _, stub, _):
+            for req in (
+                _register("p1", "prefill", "127.0.0.1:7001"),
+                _register("d1", "decode", "127.0.0.1:7002", kv=4000),
+                _register("d2", "decode", "127.0.0.1:7003", kv=5000),
+            ):
+                assert (await stub.Register(req)).accepted
+
+            call = stub.ReportLoad()
+            await call.write(
+                pb.LoadReport(
+                    instance_id="d1",
+                    role="decode",
+                    state="active",
+                    queued=2,
+                    running=3,
+                    kv_used_tokens=100,
+                    kv_capacity_tokens=4000,
+                    tokens_per_s=55.0,
+                )
+            )
+            first = await call.read()
+            assert isinstance(first, pb.DecodeLoadBroadcast)
+            by_id = {d.instance_id: d for d in first.instances}
+            assert set(by_id) == {"d1", "d2"}  # decode instances only
+            assert by_id["d1"].address == "127.0.0.1:7002"
+            assert (by_id["d1"].load.queued, by_id["d1"].load.running, by_id["d1"].load.kv_used_tokens) == (2, 3, 100)
+            assert by_id["d1"].load.state == "active"
+            # d2 has not reported: its capacity comes from the registration
+            assert by_id["d2"].load.kv_capacity_tokens == 5000
+            assert by_id["d2"].load.kv_used_tokens == 0
+            assert by_id["d2"].load.state == "active"
+            assert first.timestamp > 0
+
+            await call.write(
+                pb.LoadReport(instance_id="d2", role="decode", state="active", queued=1, kv_used_tokens=700)
+            )
+            second = await call.read()
+            by_id = {d.instance_id: d for d in second.instances}
+            assert by_id["d2"].load.kv_used_tokens == 700
+            assert by_id["d2"].load.queued == 1
+            assert by_id["d2"].load.kv_capacity_tokens == 5000  # a report without capacity keeps the registered one
+            assert by_id["d1"].load.kv_used_tokens == 100
+
+            # A report for an unknown instance is ignored but still answered.
+            await call.write(pb.LoadReport(instance_id="ghost", role="decode", state="active"))
+            third = await call.read()
+            assert {d.instance_id for d in third.instances} == {"d1", "d2"}
+            assert "ghost" not in cluster.instances
+
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+            assert cluster.instances["d1"].reports == 1
+            assert cluster.instances["d2"].reports == 1
+
+            # A prefill dispatcher's view of that broadcast.
+            view = DecodeView()
+            view.update(second)
+            assert set(view.instances) == {"d1", "d2"}
+            assert view.choose() == ("d1", "127.0.0.1:7002")  # d1: 100/4000 used, d2: 700/5000
+
+    _run(scenario)
+
+
+def test_health_check_marks_unhealthy_and_a_report_revives() -> None:
+    async def scenario() -> None:
+        async with _control_plane(report_interval_s=0.05, unhealthy_after=3) as (cluster, _, stub, _):
+            assert (await stub.Register(_register("d1", "decode", "127.0.0.1:7002"))).accepted
+            assert (await stub.Register(_register("d2", "decode", "127.0.0.1:7003"))).accepted
+
+            assert cluster.check_health(now=time.time()) == []  # just registered
+            marked = cluster.check_health(now=time.time() + 3600)
+            assert sorted(marked) == ["d1", "d2"]
+            assert cluster.instances["d1"].state == "unhealthy"
+            assert cluster.healthy("decode") == []
+            assert cluster.check_health(now=time.time() + 7200) == []  # already marked: not again
+            assert {d.load.state for d in cluster.decode_broadcast().instances} == {"unhealthy"}
+
+            call = stub.ReportLoad()
+            await call.write(pb.LoadReport(instance_id="d1", role="decode", state="active", kv_capacity_tokens=4096))
+            msg = await call.read()
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+            states = {d.instance_id: d.load.state for d in msg.instances}
+            assert states == {"d1": "active", "d2": "unhealthy"}
+            assert cluster.instances["d1"].state == "active"
+            assert [i.id for i in cluster.healthy("decode")] == ["d1"]
+
+            # Prefill dispatchers skip the unhealthy one.
+            view = DecodeView()
+            view.update(msg)
+            assert list(view.instances) == ["d1"]
+
+    _run(scenario)
+
+
+def test_control_link_feeds_prefill_decode_view() -> None:
+    """ControlLink (workers/control.py) against the real ControlPlaneService: both workers register, report,
+    and the prefill worker's DecodeView learns the decode instance from the broadcast."""
+
+    async def scenario() -> None:
+        async with (
+            _control_plane(token=TOKEN, report_interval_s=0.02) as (cluster, _, _, daemon),
+            _worker("prefill", "p1") as p1,
+            _worker("decode", "d1") as d1,
+        ):
+            links = [ControlLink(n.service, daemon, n.address, TOKEN) for n in (p1, d1)]
+            tasks = [asyncio.create_task(link.run()) for link in links]
+            try:
+                for link in links:
+                    await asyncio.wait_for(link.registered.wait(), 5)
+                assert links[0].interval == pytest.approx(0.02)
+                while "d1" not in p1.service.decode_view.instances:
+                    await asyncio.sleep(0.01)
+                address, load = p1.service.decode_view.instances["d1"]
+                assert address == d1.address
+                assert load.kv_capacity_tokens == d1.engine.kv_capacity
+                assert cluster.instances["p1"].role == "prefill"
+                while cluster.instances["d1"].reports == 0:  # the view can list d1 before its own first report
+                    await asyncio.sleep(0.01)
+            finally:
+                for link in links:
+                    link.stop()
+                await asyncio.gather(*tasks)
+
+            bad = ControlLink(p1.service, daemon, p1.address, "wrong")
+            with pytest.raises(RegistrationRefused):
+                await bad.run()
+
+    _run(scenario)
+
+
+# --- WorkerService: disaggregated and colocated ---------------------------------------------------
+
+
+def test_prefill_decode_handoff_matches_colocated() -> None:
+    async def scenario() -> None:
+        async with (
+            _worker("prefill", "p1") as p1,
+            _worker("decode", "d1") as d1,
+            _worker("colocated", "c1") as c1,
+        ):
+            p1.service.decode_view.update(_broadcast(d1))
+            prompt = _prompt(40)
+            max_tokens = 24
+
+            chunks = await _collect(p1.stub.Generate(_gen("r1", prompt, max_tokens)))
+            assert len(chunks) == 2, chunks
+            first, last = chunks
+            assert len(first.token_ids) == 1
+            assert not first.finished
+            assert not first.HasField("handoff")
+            assert last.HasField("handoff")
+            assert last.handoff.decode_instance_id == "d1"
+            assert last.handoff.decode_address == d1.address
+            assert list(last.token_ids) == []
+            assert not last.finished
+            assert p1.engine.usage().kv_used_tokens == 0  # the prefill KV was released after the hand-over
+            assert "r1" in d1.service.jobs
+
+            rest = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="r1")))
+            assert rest[-1].finished
+            assert rest[-1].finish_reason == "length"
+            assert all(not c.finished for c in rest[:-1])
+            assert all(c.request_id == "r1" for c in rest)
+            disagg = list(first.token_ids) + _tokens(rest)
+            assert len(disagg) == max_tokens
+            assert d1.service.jobs == {}
+            assert d1.engine.usage().kv_used_tokens == 0
+
+            colo = await _collect(c1.stub.Generate(_gen("r1", prompt, max_tokens)))
+            assert colo[-1].finished
+            assert colo[-1].finish_reason == "length"
+            assert not any(c.HasField("handoff") for c in colo)
+            assert _tokens(colo) == disagg
+            assert disagg == [sim_token(prompt, i, VOCAB) for i in range(max_tokens)]
+
+    _run(scenario)
+
+
+def test_concurrent_handoffs_spread_over_decode_instances() -> None:
+    async def scenario() -> None:
+        async with (
+            _worker("prefill", "p1") as p1,
+            _worker("decode", "d1") as d1,
+            _worker("decode", "d2") as d2,
+        ):
+            p1.service.decode_view.update(_broadcast(d1, d2))
+            decodes = {"d1": d1, "d2": d2}
+
+            async def one(i: int) -> tuple[str, list[int], list[int]]:
+                prompt = _prompt(16 + i, seed=i)
+                chunks = await _collect(p1.stub.Generate(_gen(f"q{i}", prompt, 12)))
+                handoff = chunks[-1].handoff
+                rest = await _collect(
+                    decodes[handoff.decode_instance_id].stub.Attach(pb.AttachRequest(request_id=f"q{i}"))
+                )
+                assert rest[-1].finish_reason == "length"
+                return handoff.decode_instance_id, _tokens(chunks) + _tokens(rest), prompt
+
+            results = await asyncio.gather(*(one(i) for i in range(6)))
+            used = [r[0] for r in results]
+            assert used.count("d1") == 3
+            assert used.count("d2") == 3
+            for _, toks, prompt in results:
+                assert toks == [sim_token(prompt, j, VOCAB) for j in range(12)]
+
+            pinned = await _collect(p1.stub.Generate(_gen("pin", _prompt(10), 4, decode_instance_id="d2")))
+            assert pinned[-1].handoff.decode_instance_id == "d2"
+            rest = await _collect(d2.stub.Attach(pb.AttachRequest(request_id="pin")))
+            assert len(_tokens(pinned) + _tokens(rest)) == 4
+
+    _run(scenario)
+
+
+def test_prefill_max_tokens_one_finishes_without_handoff() -> None:
+    async def scenario() -> None:
+        async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
+            p1.service.decode_view.update(_broadcast(d1))
+            prompt = _prompt(30)
+            chunks = await _collect(p1.stub.Generate(_gen("one", prompt, 1)))
+            assert len(chunks) == 1
+            (only,) = chunks
+            assert only.finished
+            assert only.finish_reason == "length"
+            assert list(only.token_ids) == [sim_token(prompt, 0, VOCAB)]
+            assert not only.HasField("handoff")
+            assert d1.service.jobs == {}
+            assert p1.engine.usage().kv_used_tokens == 0
+
+    _run(scenario)
+
+
+def test_pinned_decode_instance_waits_for_the_next_broadcast() -> None:
+    async def scenario() -> None:
+        async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
+            call = p1.stub.Generate(_gen("late", _prompt(20), 5, decode_instance_id="d1"))
+            first = await call.read()
+            assert len(first.token_ids) == 1
+            p1.service.decode_view.update(_broadcast(d1))  # the view catches up with registration
+            last = await call.read()
+            assert last.handoff.decode_instance_id == "d1"
+            assert await call.read() is grpc.aio.EOF
+            rest = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="late")))
+            assert len(first.token_ids) + len(_tokens(rest)) == 5
+
+    _run(scenario)
+
+
+def test_prefill_without_a_decode_instance_fails_cleanly() -> None:
+    async def scenario() -> None:
+        async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
+            p1.service.decode_view.update(_broadcast(d1, state="unhealthy"))
+            assert p1.service.decode_view.instances == {}  # non-active instances are not candidates
+            chunks = await _collect(p1.stub.Generate(_gen("lonely", _prompt(20), 5)))
+            assert len(chunks[0].token_ids) == 1
+            assert chunks[-1].finished
+            assert chunks[-1].finish_reason == "error"
+            assert "no healthy decode instance" in chunks[-1].error
+            assert p1.engine.usage().kv_used_tokens == 0
+
+    _run(scenario)
+
+
+def test_handoff_refused_or_unreachable_is_an_error() -> None:
+    async def scenario() -> None:
+        async with _worker("prefill", "p1") as p1, _worker("colocated", "c1") as c1:
+            # The view names an instance that is not a decode instance: Accept refuses.
+            p1.service.decode_view.update(_broadcast(c1))
+            chunks = await _collect(p1.stub.Generate(_gen("refused", _prompt(20), 5)))
+            assert chunks[-1].finish_reason == "error"
+            assert "colocated" in chunks[-1].error
+            assert p1.engine.usage().kv_used_tokens == 0
+
+            # Nothing listens at the address.
+            gone = pb.DecodeInstanceLoad(
+                instance_id="gone",
+                address=f"127.0.0.1:{_free_port()}",
+                load=pb.LoadReport(instance_id="gone", role="decode", state="active", kv_capacity_tokens=4096),
+            )
+            p1.service.decode_view.update(pb.DecodeLoadBroadcast(instances=[gone]))
+            chunks = await _collect(p1.stub.Generate(_gen("unreachable", _prompt(20), 5)))
+            assert chunks[-1].finish_reason == "error"
+            assert "gone" in chunks[-1].error
+            assert "unreachable" in chunks[-1].error
+            assert p1.engine.usage().kv_used_tokens == 0
+
+    _run(scenario)
+
+
+def test_role_checks_accept_generate_info() -> None:
+    async def scenario() -> None:
+        async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1, _worker("colocated", "c1") as c1:
+            for node in (p1, c1):
+                reply = await node.stub.Accept(_accept("a1", _prompt(8), 4))
+                assert not reply.accepted
+                assert node.service.role in reply.reason
+                assert node.service.jobs == {}
+
+            chunks = await _collect(d1.stub.Generate(_gen("g", _prompt(8), 4)))
+            assert len(chunks) == 1
+            assert chunks[0].finish_reason == "error"
+            assert "decode" in chunks[0].error
+
+            assert (await d1.stub.Accept(_accept("dup", _prompt(8), 4))).accepted
+            again = await d1.stub.Accept(_accept("dup", _prompt(8), 4))
+            assert not again.accepted
+            assert "already" in again.reason
+
+            d1.service.state = "draining"
+            draining = await d1.stub.Accept(_accept("late", _prompt(8), 4))
+            assert not draining.accepted
+            assert "draining" in draining.reason
+            d1.service.state = "active"
+
+            for node in (p1, d1, c1):
+                info = await node.stub.Info(pb.InfoRequest())
+                assert (info.instance_id, info.role) == (node.id, node.service.role)
+                assert info.model == PROFILE.model.name
+                assert info.max_model_len == MAX_LEN
+                assert info.load.kv_capacity_tokens == node.engine.kv_capacity
+                assert info.load.state == "active"
+
+    _run(scenario)
+
+
+def test_attach_unknown_request_is_an_error() -> None:
+    async def scenario() -> None:
+        async with _worker("decode", "d1") as d1:
+            chunks = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="nobody")))
+            assert len(chunks) == 1
+            assert chunks[0].finished
+            assert chunks[0].finish_reason == "error"
+            assert "nobody" in chunks[0].error
+
+    _run(scenario)
+
+
+def test_decode_attach_replays_buffered_tokens() -> None:
+    """Tokens decoded before Attach are buffered and come in the first chunk(s)."""
+
+    async def scenario() -> None:
+        async with _worker("decode", "d1") as d1:
+            prompt = _prompt(12)
+            assert (await d1.stub.Accept(_accept("buf", prompt, 20, first_token=sim_token(prompt, 0, VOCAB)))).accepted
+            while d1.service.jobs["buf"].task is not None and not d1.service.jobs["buf"].task.done():
+                await asyncio.sleep(0.005)
+            chunks = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="buf")))
+            assert _tokens(chunks) == [sim_token(prompt, i, VOCAB) for i in range(1, 20)]
+            assert chunks[-1].finish_reason == "length"
+
+    _run(scenario)
+
+
+# --- cancel ---------------------------------------------------------------------------------------
+
+
+def test_cancel_inflight_colocated_generate_ends_the_stream() -> None:
+    async def scenario() -> None:
+        async with _worker("colocated", "c1") as c1:
+            max_tokens = 2000
+            call = c1.stub.Generate(_gen("long", _prompt(10), max_tokens))
+            first = await call.read()
+            assert first.token_ids
+            await c1.stub.Cancel(pb.CancelRequest(request_id="long"))
+            chunks = [first]
+            while (chunk := await call.read()) is not grpc.aio.EOF:
+                chunks.append(chunk)
+            assert chunks[-1].finished
+            assert chunks[-1].finish_reason in ("abort", "stop")
+            assert len(_tokens(chunks)) < max_tokens
+            assert c1.engine.usage().kv_used_tokens == 0
+            assert c1.engine.usage().running == 0
+
+    _run(scenario)
+
+
+def test_cancelled_colocated_generate_reports_abort() -> None:
+    async def scenario() -> None:
+        async with _worker("colocated", "c1") as c1:
+            call = c1.stub.Generate(_gen("long", _prompt(10), 2000))
+            await call.read()
+            await c1.stub.Cancel(pb.CancelRequest(request_id="long"))
+            last = None
+            while (chunk := await call.read()) is not grpc.aio.EOF:
+                last = chunk
+            assert last is not None
+            assert last.finish_reason == "abort"
+
+    _run(scenario)
+
+
+def test_cancel_decode_jobs_found_and_not_found() -> None:
+    async def scenario() -> None:
+        async with _worker("decode", "d1") as d1:
+            assert not (await d1.stub.Cancel(pb.CancelRequest(request_id="unknown"))).found
+
+            # Accepted, never attached.
+            assert (await d1.stub.Accept(_accept("idle", _prompt(16), 500))).accepted
+            assert (await d1.stub.Cancel(pb.CancelRequest(request_id="idle"))).found
+            assert not (await d1.stub.Cancel(pb.CancelRequest(request_id="idle"))).found
+            late = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="idle")))
+            assert late[-1].finish_reason == "error"
+
+            # Attached and decoding: the Attach stream ends with "abort".
+            max_tokens = 1500
+            assert (await d1.stub.Accept(_accept("busy", _prompt(16, seed=2), max_tokens))).accepted
+            call = d1.stub.Attach(pb.AttachRequest(request_id="busy"))
+            chunks = [await call.read()]
+            assert chunks[0].token_ids
+            assert (await d1.stub.Cancel(pb.CancelRequest(request_id="busy"))).found
+            while (chunk := await call.read()) is not grpc.aio.EOF:
+                chunks.append(chunk)
+            assert chunks[-1].finished
+            assert chunks[-1].finish_reason == "abort"
+            assert len(_tokens(chunks)) < max_tokens - 1
+            assert d1.service.jobs == {}
+            for _ in range(100):  # the engine drops the sequence when the cancelled task unwinds
+                if d1.engine.usage().kv_used_tokens == 0:
+                    break
+                await asyncio.sleep(0.005)
+            assert d1.engine.usage().kv_used_tokens == 0
+
+    _run(scenario)
+
+
+def test_cancel_during_kv_load_ends_the_attached_stream() -> None:
+    async def scenario() -> None:
+        # A slow clock so the KV transfer (~33 ms of model time) takes ~0.65 s of wall time.
+        async with _worker("decode", "d1", scale=0.05) as d1:
+            prompt = _prompt(2000)
+            assert (await d1.stub.Accept(_accept("loading", prompt, 8))).accepted
+            call = d1.stub.Attach(pb.AttachRequest(request_id="loading"))
+            await asyncio.sleep(0.1)  # Attach is waiting on the job's queue; load_kv is still running
+            assert (await d1.stub.Cancel(pb.CancelRequest(request_id="loading"))).found
+            try:
+                chunk = await asyncio.wait_for(call.read(), timeout=1.0)
+            finally:
+                call.cancel()
+            assert chunk is not grpc.aio.EOF
+            assert chunk.finished
+            assert chunk.finish_reason in ("abort", "error")
+
+    _run(scenario)
+
+
+# --- request errors -----------------------------------------------------------------------------
+
+
+def test_prompt_longer_than_max_model_len_is_an_error() -> None:
+    async def scenario() -> None:
+        async with _worker("prefill", "p1") as p1, _worker("colocated", "c1") as c1, _worker("decode", "d1") as d1:
+            too_long = _prompt(MAX_LEN + 1)
+            for node in (p1, c1):
+                chunks = await _collect(node.stub.Generate(_gen("big", too_long, 4)))
+                assert len(chunks) == 1
+                (chunk,) = chunks
+                assert chunk.finished
+                assert chunk.finish_reason == "error"
+                assert "max_model_len" in chunk.error
+                assert "\n" not in chunk.error
+                assert list(chunk.token_ids) == []
+
+            # Prompt fits, prompt + max_tokens does not.
+            chunks = await _collect(c1.stub.Generate(_gen("edge", _prompt(MAX_LEN - 2), 3)))
+            assert chunks[-1].finish_reason == "error"
+            assert "max_model_len" in chunks[-1].error
+
+            # The decode side reports it on Attach.
+            assert (await d1.stub.Accept(_accept("big", too_long, 4))).accepted
+            chunks = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="big")))
+            assert chunks[-1].finish_reason == "error"
+            assert "max_model_len" in chunks[-1].error
+            assert "\n" not in chunks[-1].error
+
+            for node in (p1, c1, d1):
+                assert node.engine.usage().kv_used_tokens == 0
+
+    _run(scenario)
+
+
+def test_empty_prompt_and_zero_max_tokens_are_errors() -> None:
+    async def scenario() -> None:
+        async with _worker("colocated", "c1") as c1:
+            empty = await _collect(c1.stub.Generate(_gen("e", [], 4)))
+            assert empty[-1].finish_reason == "error"
+            assert "empty prompt" in empty[-1].error
+            zero = await _collect(c1.stub.Generate(_gen("z", _prompt(4), 0)))
+            assert zero[-1].finish_reason == "error"
+            assert "max_tokens" in zero[-1].error
+
+    _run(scenario)
