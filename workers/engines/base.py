@@ -28,6 +28,8 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
+    # the length predictor's output range [lo, hi] (None: no prediction); decode admission uses lo
+    predicted_output: tuple[int, int] | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -1,0 +1,92 @@
+"""Intra-decode admission (TetriInfer §3.4): which waiting requests join the running batch.
+
+KV is counted in tokens: a running request holds its context (prompt + tokens so far) and grows by one
+per step until it finishes. Policies (each returns the waiting requests to admit now, in order):
+
+* ``greedy`` — vLLM's: admit while the next step fits in memory now. Ignores the future, so the batch
+  can outgrow memory later and the engine must preempt (swap/recompute) — thrashing.
+* ``reserve-static`` — admit only if the batch's predicted memory at completion fits: the sum over
+  running and admitted requests of context + predicted remaining tokens ≤ capacity.
+* ``reserve-dynamic`` — also admit when memory suffices until the shortest predicted remaining job
+  finishes and frees its memory: usage grows for r_min steps, the candidate's included.
+* ``plan`` — admit in the order of a Sorted-F plan, while the future fits (the planner's own admission
+  test, `daemon.planner.profile.KVProfile`, with M = capacity). `plan_order` lists the planned ids not
+  yet admitted; if the next one has not arrived the plan waits for it (the caller drops ids that failed).
+
+Without a prediction a request's remaining length is taken as unknown: reserve policies then reserve
+up to its maximum (max_tokens), which is safe but conservative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from daemon.planner.profile import KVProfile
+
+ADMISSION_POLICIES = ("greedy", "reserve-static", "reserve-dynamic", "plan")
+
+
+@dataclass(frozen=True)
+class Running:
+    request_id: str
+    context: int  # tokens held now
+    remaining: int  # predicted tokens still to produce (≥ 1)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    request_id: str
+    context: int  # prompt (+ first token) the request brings
+    remaining: int  # predicted tokens to produce (lower end of the predicted range, or max_tokens)
+
+
+def _peak(items: Sequence[Running | Waiting]) -> int:
+    return sum(x.context + x.remaining for x in items)
+
+
+def admit(policy: str, running: Sequence[Running], waiting: Sequence[Waiting], capacity: int,
+          max_running: int = 1 << 30, plan_order: Sequence[str] | None = None) -> list[str]:
+    if policy not in ADMISSION_POLICIES:
+        raise ValueError(f"unknown decode admission {policy!r} (choose from {', '.join(ADMISSION_POLICIES)})")
+    if policy == "plan":
+        return _plan(running, waiting, capacity, plan_order or [], max_running)
+    batch: list[Running | Waiting] = list(running)
+    used = sum(r.context for r in running) + len(running)  # the next step's memory
+    out: list[str] = []
+    for w in waiting:
+        if len(batch) >= max_running:
+            break
+        fits_now = used + w.context + 1 <= capacity
+        if policy == "greedy":
+            ok = fits_now
+        else:
+            ok = fits_now and _peak([*batch, w]) <= capacity
+            if not ok and policy == "reserve-dynamic" and fits_now:
+                r_min = min((x.remaining for x in batch), default=0)
+                grown = sum(x.context + min(x.remaining, r_min) for x in batch) + w.context + min(w.remaining, r_min)
+                ok = r_min > 0 and grown <= capacity
+        if not ok:
+            break  # FCFS within the decode queue: no overtaking
+        batch.append(w)
+        used += w.context + 1
+        out.append(w.request_id)
+    return out
+
+
+def _plan(running: Sequence[Running], waiting: Sequence[Waiting], capacity: int, order: Sequence[str],
+          max_running: int) -> list[str]:
+    prof = KVProfile(capacity)
+    for i, r in enumerate(running):  # a running request as if started now with its context as prompt
+        prof.add(i, max(1, r.context - 1), r.remaining, 0)
+    by_id = {w.request_id: w for w in waiting}
+    out: list[str] = []
+    for rid in order:
+        w = by_id.get(rid)
+        if w is None:
+            break  # the next planned request has not arrived: keep the planned order, wait for it
+        if len(running) + len(out) >= max_running or not prof.fits(w.context, w.remaining, 0):
+            break
+        prof.add(len(running) + len(out), w.context, w.remaining, 0)
+        out.append(rid)
+    return out

@@ -1,0 +1,86 @@
+"""Instance flip decisions (TetriInfer §3.5): the transition watcher's policy.
+
+`idle` (the paper's example): flip an instance whose load stays below `low` (10%) for `window_s`
+(one minute) while the instances of the other role are overloaded (average load above `high`). Never
+flips the last active instance of a role, and at most one flip is in progress at a time. Load of an
+instance is the larger of its KV usage and its queue pressure (queued / `queue_full`).
+
+Pure: `TransitionWatcher.observe(now, loads)` is fed snapshots and returns decisions; the daemon carries
+them out (drain, notify, change role, announce) and records them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+FLIP_POLICIES = ("off", "idle")
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    instance_id: str
+    role: str  # prefill | decode
+    state: str  # active | draining | flipping | unhealthy
+    kv_usage: float  # 0..1
+    queued: int = 0
+
+    def load(self, queue_full: int) -> float:
+        return max(self.kv_usage, min(1.0, self.queued / max(1, queue_full)))
+
+
+@dataclass(frozen=True)
+class FlipDecision:
+    instance_id: str
+    to_role: str
+    reason: str
+
+
+@dataclass
+class TransitionWatcher:
+    policy: str = "off"
+    low: float = 0.10
+    high: float = 0.80
+    window_s: float = 60.0
+    queue_full: int = 16
+    _low_since: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_flip_policy(self.policy, self.low, self.high, self.window_s)
+
+    def observe(self, now: float, instances: Sequence[InstanceView]) -> list[FlipDecision]:
+        if self.policy == "off":
+            self._low_since.clear()
+            return []
+        if any(i.state == "flipping" or i.state == "draining" for i in instances):
+            return []  # one flip at a time
+        active = [i for i in instances if i.state == "active" and i.role in ("prefill", "decode")]
+        for i in active:
+            if i.load(self.queue_full) < self.low:
+                self._low_since.setdefault(i.instance_id, now)
+            else:
+                self._low_since.pop(i.instance_id, None)
+        for i in sorted(active, key=lambda x: (self._low_since.get(x.instance_id, now), x.instance_id)):
+            since = self._low_since.get(i.instance_id)
+            if since is None or now - since < self.window_s:
+                continue
+            same = [x for x in active if x.role == i.role]
+            other = [x for x in active if x.role != i.role]
+            if len(same) < 2 or not other:
+                continue  # never the last instance of a role
+            pressure = sum(x.load(self.queue_full) for x in other) / len(other)
+            if pressure > self.high:
+                to = "decode" if i.role == "prefill" else "prefill"
+                self._low_since.pop(i.instance_id, None)
+                return [FlipDecision(i.instance_id, to,
+                                     f"load < {self.low:.0%} for {now - since:.0f}s while {to} load is {pressure:.0%}")]
+        return []
+
+
+def check_flip_policy(policy: str, low: float, high: float, window_s: float) -> None:
+    if policy not in FLIP_POLICIES:
+        raise ValueError(f"unknown flip policy {policy!r} (choose from {', '.join(FLIP_POLICIES)})")
+    if not 0 <= low < high <= 1:
+        raise ValueError("flip thresholds need 0 ≤ low < high ≤ 1")
+    if window_s <= 0:
+        raise ValueError("flip window must be positive")

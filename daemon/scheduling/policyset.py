@@ -1,0 +1,71 @@
+"""The set of runtime policies an operator reads and changes (hot-swap): one validated value object.
+
+`PolicySet.changed(**fields)` returns a new set or raises `PolicyError` naming the bad field; the daemon
+applies it without restart and records each changed field in the audit table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .admission import ADMISSION_POLICIES
+from .dispatch import DISPATCH_POLICIES
+from .flip import FLIP_POLICIES
+from .predictor import PREDICTORS
+from .prefill import PREFILL_POLICIES
+
+
+class PolicyError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    prefill_policy: str = "fcfs"  # fcfs | sjf | ljf
+    prefill_sched_batch: int = 16  # PrefillSchedBatch
+    chunk_size: int = 512  # ChunkSize, tokens per prefill iteration
+    predictor: str = "none"  # none | oracle | learned
+    predictor_accuracy: float = 1.0  # oracle only
+    predictor_granularity: int = 200
+    dispatch: str = "least-kv"  # pot | least-kv
+    decode_admission: str = "greedy"  # greedy | reserve-static | reserve-dynamic | plan
+    flip_policy: str = "off"  # off | idle
+    flip_low: float = 0.10
+    flip_high: float = 0.80
+    flip_window_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        choices = {
+            "prefill_policy": PREFILL_POLICIES,
+            "predictor": PREDICTORS,
+            "dispatch": DISPATCH_POLICIES,
+            "decode_admission": ADMISSION_POLICIES,
+            "flip_policy": FLIP_POLICIES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise PolicyError(name, f"unknown value {getattr(self, name)!r} (choose from {', '.join(allowed)})")
+        for name in ("prefill_sched_batch", "chunk_size", "predictor_granularity"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PolicyError(name, f"must be a positive integer, got {v!r}")
+        if not 0 <= self.predictor_accuracy <= 1:
+            raise PolicyError("predictor_accuracy", "must be within [0, 1]")
+        if not 0 <= self.flip_low < self.flip_high <= 1:
+            raise PolicyError("flip_low", "flip thresholds need 0 ≤ flip_low < flip_high ≤ 1")
+        if self.flip_window_s <= 0:
+            raise PolicyError("flip_window_s", "must be positive")
+
+    def changed(self, **fields: Any) -> PolicySet:
+        names = {f.name for f in dataclasses.fields(self)}
+        for k in fields:
+            if k not in names:
+                raise PolicyError(k, "unknown policy field")
+        return dataclasses.replace(self, **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
