@@ -28,6 +28,7 @@ from .cluster import Cluster, ControlPlaneService, Instance
 from .config import DaemonSettings
 from .db.store import Store, make_engine, migrate
 from .db.writer import BatchWriter
+from .flips import Flipper
 from .gateway import Gateway, new_request_id
 from .metrics import Metrics
 
@@ -53,13 +54,18 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         await server.start()
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
         app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, grpc_port, recovered
+        flipper = Flipper(cluster, gateway.peers, store)
+        app.state.flipper = flipper
         monitor = asyncio.create_task(cluster.monitor())
+        watcher = asyncio.create_task(flipper.watch(max(1.0, settings.report_interval_s * 10)))
         retention = asyncio.create_task(_retention(store, settings.load_retention_s))
         try:
             yield
         finally:
             monitor.cancel()
             retention.cancel()
+            watcher.cancel()
+            await flipper.close()
             await server.stop(grace=0.5)
             await gateway.close()
             await writer.stop()
@@ -99,8 +105,11 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        kind = {401: "AuthenticationError", 404: "NotFoundError", 409: "ConflictError"}.get(exc.status_code, "APIError")
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 409: "ConflictError"}.get(
+            exc.status_code, "APIError"
+        )
+        detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
+        return JSONResponse(error_body(str(detail["message"]), kind, detail.get("param")), status_code=exc.status_code)
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:

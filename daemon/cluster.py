@@ -9,6 +9,7 @@ marked unhealthy and gets no new work until it reports again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,6 +20,7 @@ import grpc
 from workers.proto import pb, rpc
 
 from .db.writer import BatchWriter
+from .scheduling.policyset import PolicySet
 from .scheduling.routing import InstanceLoad
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class Instance:
     load: pb.LoadReport = field(default_factory=pb.LoadReport)
     inflight: int = 0  # requests routed here by the daemon and not finished
     reports: int = 0
+    flip_pending: bool = False  # the daemon started a flip: stay out of routing whatever reports say
 
     def snapshot(self) -> InstanceLoad:
         return InstanceLoad(
@@ -47,6 +50,11 @@ class Instance:
             self.load.kv_capacity_tokens or self.kv_capacity_tokens,
             self.inflight,
         )
+
+    @property
+    def kv_usage(self) -> float:
+        cap = self.load.kv_capacity_tokens or self.kv_capacity_tokens
+        return self.load.kv_used_tokens / cap if cap else 0.0
 
     def to_dict(self) -> dict[str, object]:
         ld = self.load
@@ -66,6 +74,7 @@ class Instance:
             "kv_usage": ld.kv_used_tokens / cap if cap else 0.0,
             "tokens_per_s": ld.tokens_per_s,
             "preemptions": ld.preemptions,
+            "policy_version": ld.policy_version,
             "last_report_age_s": max(0.0, time.time() - self.last_report),
         }
 
@@ -83,6 +92,8 @@ class Cluster:
         self.unhealthy_after = unhealthy_after
         self.writer = writer
         self.sample_every = sample_every
+        self.policies = PolicySet()
+        self.policy_version = 0
 
     # --- registry ---------------------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> Instance:
@@ -110,7 +121,9 @@ class Cluster:
         inst.reports += 1
         if inst.state == "unhealthy":
             log.warning("instance %s is reporting again", inst.id)
-        inst.state = msg.state or "active"  # the worker's own word: active, draining or flipping
+        if not inst.flip_pending:
+            inst.state = msg.state or "active"  # the worker's own word: active, draining or flipping
+            inst.role = msg.role or inst.role
         if self.writer is not None and inst.reports % self.sample_every == 1:
             self.writer.submit_load_samples(
                 [
@@ -149,7 +162,13 @@ class Cluster:
                 if i.role == "decode"
             ],
             timestamp=time.time(),
+            policies_json=json.dumps(self.policies.to_dict()),
+            policy_version=self.policy_version,
         )
+
+    def set_policies(self, policies: PolicySet) -> None:
+        self.policies = policies
+        self.policy_version += 1
 
     @staticmethod
     def _broadcast_load(i: Instance) -> pb.LoadReport:

@@ -75,7 +75,7 @@ class ControlLink:
                     backoff = 0.1
                     call = stub.ReportLoad(self._reports(), metadata=auth_metadata(self.token))
                     async for msg in call:
-                        self.service.decode_view.update(msg)
+                        self.service.on_broadcast(msg)
                 except RegistrationRefused:
                     raise
                 except grpc.aio.AioRpcError as e:

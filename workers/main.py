@@ -47,7 +47,11 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
     address = f"{settings.host}:{port}"
     engine = build_engine(settings, instance_id)
     peers = Peers()
-    service = WorkerService(engine, settings.role, instance_id, peers, settings.token)
+
+    def engine_for(role: str) -> Engine:  # instance flip: the same engine settings in another role
+        return build_engine(settings.model_copy(update={"role": role}), instance_id)
+
+    service = WorkerService(engine, settings.role, instance_id, peers, settings.token, engine_factory=engine_for)
     rpc.add_WorkerServicer_to_server(service, server)
     await engine.start()
     await server.start()

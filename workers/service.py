@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator
+import random
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import grpc
 
-from daemon.scheduling.routing import InstanceLoad, least_kv_utilised
+from daemon.scheduling.dispatch import DecodeLoad, dispatch
+from daemon.scheduling.policyset import PolicySet
+from daemon.scheduling.predictor import LengthPredictor, make_predictor
 
 from .engines.base import Engine, EngineError, EngineRequest, KVHandle
 from .peers import Peers
@@ -24,20 +28,30 @@ log = logging.getLogger(__name__)
 _DONE = object()
 
 
+HEAVY_DECODE = 128  # tokens: above this a request is a heavy decode (ShareGPT's median answer)
+ACCEPT_ATTEMPTS = 3  # decode instances tried before a hand-over fails
+
+
 @dataclass
 class DecodeView:
     """The decode load the daemon last broadcast, plus what this instance sent since."""
 
-    instances: dict[str, tuple[str, InstanceLoad]] = field(default_factory=dict)  # id -> (address, load)
+    instances: dict[str, tuple[str, DecodeLoad]] = field(default_factory=dict)  # id -> (address, load)
     sent_since: dict[str, int] = field(default_factory=dict)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def update(self, msg: pb.DecodeLoadBroadcast) -> None:
         self.instances = {
             d.instance_id: (
                 d.address,
-                InstanceLoad(
-                    d.instance_id, d.load.queued, d.load.running, d.load.kv_used_tokens, d.load.kv_capacity_tokens
+                DecodeLoad(
+                    d.instance_id,
+                    d.load.kv_used_tokens,
+                    d.load.kv_capacity_tokens,
+                    d.load.heavy,
+                    d.load.light,
+                    d.load.predicted_growth_tokens,
                 ),
             )
             for d in msg.instances
@@ -47,12 +61,23 @@ class DecodeView:
         self.updated.set()
         self.updated = asyncio.Event()
 
-    def choose(self) -> tuple[str, str] | None:
+    def choose(
+        self, policy: str = "least-kv", predicted_lo: int | None = None, exclude: frozenset[str] = frozenset()
+    ) -> tuple[str, str] | None:
         loads = [
-            InstanceLoad(i, ld.queued, ld.running, ld.kv_used_tokens, ld.kv_capacity_tokens, self.sent_since.get(i, 0))
+            DecodeLoad(
+                ld.instance_id,
+                ld.kv_used_tokens,
+                ld.kv_capacity_tokens,
+                ld.heavy,
+                ld.light,
+                ld.predicted_growth_tokens,
+                self.sent_since.get(i, 0),
+            )
             for i, (_, ld) in self.instances.items()
+            if i not in exclude
         ]
-        pick = least_kv_utilised(loads)
+        pick = dispatch(policy, loads, predicted_lo, self.rng, HEAVY_DECODE)
         if pick is None:
             return None
         self.sent_since[pick] = self.sent_since.get(pick, 0) + 1
@@ -64,6 +89,16 @@ class _DecodeJob:
     req: EngineRequest
     queue: asyncio.Queue[object]
     task: asyncio.Task[None] | None = None
+    produced: int = 1  # the first token came from the prefill instance
+
+    def predicted_remaining(self) -> int:
+        lo = self.req.predicted_output[0] if self.req.predicted_output else self.req.max_tokens
+        return max(0, lo - self.produced)
+
+    @property
+    def heavy(self) -> bool:
+        lo = self.req.predicted_output[0] if self.req.predicted_output else self.req.max_tokens
+        return lo > HEAVY_DECODE
 
 
 async def _pump(source: AsyncIterator[int], queue: asyncio.Queue[object]) -> None:
@@ -107,25 +142,69 @@ async def _chunks(rid: str, queue: asyncio.Queue[object], produced: int, limit: 
 
 
 class WorkerService(rpc.WorkerServicer):
-    def __init__(self, engine: Engine, role: str, instance_id: str, peers: Peers, token: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        role: str,
+        instance_id: str,
+        peers: Peers,
+        token: str | None = None,
+        engine_factory: Callable[[str], Engine] | None = None,
+    ) -> None:
         self.engine = engine
         self.role = role
         self.instance_id = instance_id
         self.peers = peers
         self.token = token
-        self.decode_view = DecodeView()
+        self.engine_factory = engine_factory  # builds an engine for another role (instance flip)
+        self.decode_view = DecodeView(rng=random.Random(instance_id))
         self.jobs: dict[str, _DecodeJob] = {}  # decode: accepted requests
         self.generating: dict[str, asyncio.Queue[object]] = {}  # colocated: streams in progress
+        self.prefilling = 0  # prefill: Generate calls in progress
         self.state = "active"
+        self.policies = PolicySet()
+        self.policy_version = 0
+        self.predictor: LengthPredictor | None = None
+
+    # --- policies (hot-swap) -------------------------------------------------------------------------
+    def on_broadcast(self, msg: pb.DecodeLoadBroadcast) -> None:
+        """The daemon's broadcast: decode load for the dispatcher, and the policies when they changed."""
+        self.decode_view.update(msg)
+        if msg.policy_version != self.policy_version and msg.policies_json:
+            self.apply_policies(PolicySet(**json.loads(msg.policies_json)), msg.policy_version)
+
+    def apply_policies(self, policies: PolicySet, version: int = 0) -> None:
+        old = self.policies
+        self.policies, self.policy_version = policies, version
+        if (policies.predictor, policies.predictor_accuracy, policies.predictor_granularity) != (
+            old.predictor,
+            old.predictor_accuracy,
+            old.predictor_granularity,
+        ) or (self.predictor is None and policies.predictor != "none"):
+            self.predictor = make_predictor(
+                policies.predictor, policies.predictor_accuracy, policies.predictor_granularity, seed=0
+            )
+        configure = getattr(self.engine, "configure", None)
+        if configure is not None:
+            configure(policies)
 
     @staticmethod
     def _req(r: pb.GenerateRequest) -> EngineRequest:
-        return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens)
+        pred = (r.predicted_lo, r.predicted_hi) if r.predicted_lo > 0 else None
+        return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens, pred)
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TokenChunk]:
         req = self._req(request)
+        if self.state != "active":
+            yield pb.TokenChunk(
+                request_id=req.request_id,
+                finished=True,
+                finish_reason="error",
+                error=f"instance {self.instance_id} is {self.state}",
+            )
+            return
         if self.role == "colocated":
             queue: asyncio.Queue[object] = asyncio.Queue()
             self.generating[req.request_id] = queue
@@ -147,11 +226,22 @@ class WorkerService(rpc.WorkerServicer):
                 error=f"instance {self.instance_id} is a {self.role} instance",
             )
             return
-        async for chunk in self._prefill(request, req):
-            yield chunk
+        self.prefilling += 1
+        try:
+            async for chunk in self._prefill(request, req):
+                yield chunk
+        finally:
+            self.prefilling -= 1
 
     async def _prefill(self, request: pb.GenerateRequest, req: EngineRequest) -> AsyncIterator[pb.TokenChunk]:
         rid = req.request_id
+        if self.predictor is not None and not request.predicted_lo:
+            # the length predictor runs beside the prefill (TetriInfer §3.3.2); the sim engine's
+            # "true" output length is max_tokens, which the oracle predictor is allowed to see
+            lo, hi = self.predictor.predict(request.prompt_token_ids, rid, true_output=request.max_tokens)
+            pinned = request.decode_instance_id
+            request = self._last_request(req, lo, hi)
+            request.decode_instance_id = pinned
         try:
             out = await self.engine.prefill(req)
         except EngineError as e:
@@ -165,48 +255,68 @@ class WorkerService(rpc.WorkerServicer):
             yield pb.TokenChunk(request_id=rid, token_ids=[out.first_token], finished=True, finish_reason="length")
             return
         yield pb.TokenChunk(request_id=rid, token_ids=[out.first_token])
-        target = self._target(request.decode_instance_id)
-        if target is None:  # the view lags registration by up to one report: wait for the next broadcast
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.decode_view.updated.wait(), timeout=1.0)
-            target = self._target(request.decode_instance_id)
-        if target is None:
-            await self.engine.release_kv(rid)
-            yield pb.TokenChunk(
-                request_id=rid, finished=True, finish_reason="error", error="no healthy decode instance to hand over to"
-            )
-            return
-        decode_id, address = target
         kv = out.kv
+        accept = pb.AcceptRequest(
+            request=request,
+            first_token=out.first_token,
+            kv=pb.KVHandle(
+                request_id=rid,
+                num_tokens=kv.num_tokens,
+                num_bytes=kv.num_bytes,
+                source_instance_id=kv.source_instance_id,
+                params=kv.params,
+            ),
+        )
+        refused: list[str] = []
+        last_reason = ""
         try:
-            reply = await self.peers.worker(address).Accept(
-                pb.AcceptRequest(
-                    request=request,
-                    first_token=out.first_token,
-                    kv=pb.KVHandle(
-                        request_id=rid,
-                        num_tokens=kv.num_tokens,
-                        num_bytes=kv.num_bytes,
-                        source_instance_id=kv.source_instance_id,
-                        params=kv.params,
-                    ),
-                ),
-                timeout=30,
-            )
-        except grpc.aio.AioRpcError as e:
-            reply = pb.AcceptReply(accepted=False, reason=f"decode instance {decode_id} unreachable: {e.code().name}")
+            for _ in range(ACCEPT_ATTEMPTS):  # a refusal (draining, flipping, gone) tries another instance
+                target = await self._target(request, frozenset(refused))
+                if target is None:
+                    break
+                decode_id, address = target
+                try:
+                    reply = await self.peers.worker(address).Accept(accept, timeout=30)
+                except grpc.aio.AioRpcError as e:
+                    reply = pb.AcceptReply(
+                        accepted=False, reason=f"decode instance {decode_id} unreachable: {e.code().name}"
+                    )
+                if reply.accepted:
+                    yield pb.TokenChunk(
+                        request_id=rid, handoff=pb.Handoff(decode_instance_id=decode_id, decode_address=address)
+                    )
+                    return
+                refused.append(decode_id)
+                last_reason = reply.reason
         finally:
             await self.engine.release_kv(rid)
-        if not reply.accepted:
-            yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=reply.reason)
-            return
-        yield pb.TokenChunk(request_id=rid, handoff=pb.Handoff(decode_instance_id=decode_id, decode_address=address))
+        error = last_reason if refused else "no healthy decode instance to hand over to"
+        yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=error)
 
-    def _target(self, pinned: str) -> tuple[str, str] | None:
-        if pinned:
-            hit = self.decode_view.instances.get(pinned)
-            return (pinned, hit[0]) if hit else None
-        return self.decode_view.choose()
+    @staticmethod
+    def _last_request(req: EngineRequest, lo: int, hi: int) -> pb.GenerateRequest:
+        return pb.GenerateRequest(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            max_tokens=req.max_tokens,
+            predicted_lo=lo,
+            predicted_hi=hi,
+        )
+
+    async def _target(self, request: pb.GenerateRequest, exclude: frozenset[str]) -> tuple[str, str] | None:
+        for attempt in range(2):  # the view lags registration by up to one report: wait for one broadcast
+            if request.decode_instance_id:
+                hit = self.decode_view.instances.get(request.decode_instance_id)
+                target = (
+                    (request.decode_instance_id, hit[0]) if hit and request.decode_instance_id not in exclude else None
+                )
+            else:
+                target = self.decode_view.choose(self.policies.dispatch, request.predicted_lo or None, exclude)
+            if target is not None or attempt:
+                return target
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.decode_view.updated.wait(), timeout=1.0)
+        return None
 
     async def Accept(self, request: pb.AcceptRequest, context: grpc.aio.ServicerContext) -> pb.AcceptReply:
         if self.role != "decode":
@@ -237,7 +347,13 @@ class WorkerService(rpc.WorkerServicer):
         except asyncio.CancelledError:  # cancelled while the KV was still arriving: end the Attach stream
             job.queue.put_nowait(EngineError("aborted"))
             raise
-        await _pump(self.engine.decode(job.req, first_token), job.queue)
+        await _pump(self._counted(job, self.engine.decode(job.req, first_token)), job.queue)
+
+    @staticmethod
+    async def _counted(job: _DecodeJob, tokens: AsyncIterator[int]) -> AsyncIterator[int]:
+        async for tok in tokens:
+            job.produced += 1
+            yield tok
 
     async def Attach(
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
@@ -278,6 +394,37 @@ class WorkerService(rpc.WorkerServicer):
             load=self.load_report(0.0),
         )
 
+    async def Flip(self, request: pb.FlipRequest, context: grpc.aio.ServicerContext) -> pb.FlipReply:
+        """Instance flip (TetriInfer §3.5): stop taking new work, drain what is queued and running,
+        then change role on a fresh engine. Peers stop sending here as soon as the daemon's broadcast
+        says draining; a hand-over that still arrives is refused and the prefill tries elsewhere."""
+        to = request.to_role
+        if to not in ("prefill", "decode") or self.role not in ("prefill", "decode"):
+            return pb.FlipReply(ok=False, reason=f"cannot flip a {self.role} instance to {to!r}")
+        if to == self.role:
+            return pb.FlipReply(ok=False, reason=f"instance {self.instance_id} already is a {to} instance")
+        if self.state != "active":
+            return pb.FlipReply(ok=False, reason=f"instance {self.instance_id} is already {self.state}")
+        if self.engine_factory is None:
+            return pb.FlipReply(ok=False, reason="this worker cannot build an engine for another role")
+        self.state = "draining"
+        while self.prefilling or self.jobs or self.generating or self._engine_busy():
+            await asyncio.sleep(0.01)
+        drained = asyncio.get_running_loop().time()
+        self.state = "flipping"
+        old = self.engine
+        new = self.engine_factory(to)
+        await new.start()
+        self.engine, self.role = new, to
+        self.apply_policies(self.policies, self.policy_version)
+        await old.stop()
+        self.state = "active"
+        return pb.FlipReply(ok=True, drained_at=drained)
+
+    def _engine_busy(self) -> bool:
+        u = self.engine.usage()
+        return bool(u.running or u.waiting)
+
     def load_report(self, now: float) -> pb.LoadReport:
         u = self.engine.usage()
         return pb.LoadReport(
@@ -291,6 +438,10 @@ class WorkerService(rpc.WorkerServicer):
             tokens_per_s=u.tokens_per_s,
             preemptions=u.preemptions,
             timestamp=now,
+            heavy=sum(1 for j in self.jobs.values() if j.heavy),
+            light=sum(1 for j in self.jobs.values() if not j.heavy),
+            predicted_growth_tokens=sum(j.predicted_remaining() for j in self.jobs.values()),
+            policy_version=self.policy_version,
         )
 
     async def close(self) -> None:

@@ -7,13 +7,16 @@ flush interval after it arrives); in-flight requests are overlaid from memory.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 
 from ..db.models import Phase, Status
+from ..flips import FlipError
 from ..gateway import Gateway
+from ..scheduling.policyset import PolicyError
 from .auth import require_admin
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)])
@@ -122,3 +125,66 @@ async def cancel(request_id: str, request: Request) -> dict[str, Any]:
     if row is None:
         raise HTTPException(404, detail=f"no request {request_id!r}")
     raise HTTPException(409, detail=f"request {request_id!r} is not in flight (status {row['status']})")
+
+
+# --- policies (hot-swap) ---------------------------------------------------------------------------------
+def _policies_doc(request: Request) -> dict[str, Any]:
+    cluster = _gw(request).cluster
+    return {"version": cluster.policy_version, "policies": cluster.policies.to_dict()}
+
+
+@router.get("/policies")
+async def get_policies(request: Request) -> dict[str, Any]:
+    return _policies_doc(request)
+
+
+@router.put("/policies")
+async def set_policies(request: Request, changes: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    """Change any of the runtime policies; validated as a whole (a bad field is a 400 naming it),
+    applied without restart (pushed to the workers with the next load broadcast), audited."""
+    cluster = _gw(request).cluster
+    old = cluster.policies
+    try:
+        new = old.changed(**changes)
+    except PolicyError as e:
+        raise HTTPException(400, detail={"message": str(e), "param": e.field}) from None
+    except TypeError as e:
+        raise HTTPException(400, detail={"message": str(e), "param": None}) from None
+    who = request.headers.get("x-tetri-user", "admin-api")
+    diff = [(k, old.to_dict()[k], v) for k, v in new.to_dict().items() if old.to_dict()[k] != v]
+    if diff:
+        cluster.set_policies(new)
+        request.app.state.flipper.configure()
+        now = time.time()
+        for field, before, after in diff:
+            await asyncio.to_thread(
+                request.app.state.store.record_policy_change, now, field, json.dumps(before), json.dumps(after), who
+            )
+    return _policies_doc(request) | {"changed": [k for k, _, _ in diff]}
+
+
+@router.get("/policies/history")
+async def policy_history(request: Request) -> dict[str, Any]:
+    return {"changes": await asyncio.to_thread(request.app.state.store.list_policy_changes)}
+
+
+# --- flips ----------------------------------------------------------------------------------------------
+@router.post("/instances/{instance_id}/flip", status_code=202)
+async def flip(
+    instance_id: str, request: Request, body: Annotated[dict[str, Any] | None, Body()] = None
+) -> dict[str, Any]:
+    body = body or {}
+    to = body.get("to")
+    if to is not None and not isinstance(to, str):
+        raise HTTPException(400, detail={"message": "to: must be prefill or decode", "param": "to"})
+    try:
+        return await request.app.state.flipper.start(
+            instance_id, to, str(body.get("reason", "manual")), request.headers.get("x-tetri-user", "admin-api")
+        )
+    except FlipError as e:
+        raise HTTPException(e.status, detail={"message": str(e), "param": "to" if e.status == 400 else None}) from None
+
+
+@router.get("/flips")
+async def flips(request: Request) -> dict[str, Any]:
+    return {"flips": await asyncio.to_thread(request.app.state.store.list_flips)}

@@ -45,8 +45,14 @@ def _peak(items: Sequence[Running | Waiting]) -> int:
     return sum(x.context + x.remaining for x in items)
 
 
-def admit(policy: str, running: Sequence[Running], waiting: Sequence[Waiting], capacity: int,
-          max_running: int = 1 << 30, plan_order: Sequence[str] | None = None) -> list[str]:
+def admit(
+    policy: str,
+    running: Sequence[Running],
+    waiting: Sequence[Waiting],
+    capacity: int,
+    max_running: int = 1 << 30,
+    plan_order: Sequence[str] | None = None,
+) -> list[str]:
     if policy not in ADMISSION_POLICIES:
         raise ValueError(f"unknown decode admission {policy!r} (choose from {', '.join(ADMISSION_POLICIES)})")
     if policy == "plan":
@@ -74,8 +80,9 @@ def admit(policy: str, running: Sequence[Running], waiting: Sequence[Waiting], c
     return out
 
 
-def _plan(running: Sequence[Running], waiting: Sequence[Waiting], capacity: int, order: Sequence[str],
-          max_running: int) -> list[str]:
+def _plan(
+    running: Sequence[Running], waiting: Sequence[Waiting], capacity: int, order: Sequence[str], max_running: int
+) -> list[str]:
     prof = KVProfile(capacity)
     for i, r in enumerate(running):  # a running request as if started now with its context as prompt
         prof.add(i, max(1, r.context - 1), r.remaining, 0)

@@ -33,11 +33,14 @@ class DecodeLoad:
 def least_kv(loads: Sequence[DecodeLoad]) -> str | None:
     if not loads:
         return None
-    return min(loads, key=lambda d: ((d.kv_used_tokens + d.sent) / max(1, d.kv_capacity_tokens), d.instance_id)).instance_id
+    return min(
+        loads, key=lambda d: ((d.kv_used_tokens + d.sent) / max(1, d.kv_capacity_tokens), d.instance_id)
+    ).instance_id
 
 
-def power_of_two(loads: Sequence[DecodeLoad], predicted_lo: int | None, rng: random.Random,
-                 heavy_threshold: int = 128) -> str | None:
+def power_of_two(
+    loads: Sequence[DecodeLoad], predicted_lo: int | None, rng: random.Random, heavy_threshold: int = 128
+) -> str | None:
     if not loads:
         return None
     if len(loads) == 1:
@@ -50,8 +53,9 @@ def power_of_two(loads: Sequence[DecodeLoad], predicted_lo: int | None, rng: ran
     return min((a, b), key=key).instance_id
 
 
-def dispatch(policy: str, loads: Sequence[DecodeLoad], predicted_lo: int | None, rng: random.Random,
-             heavy_threshold: int = 128) -> str | None:
+def dispatch(
+    policy: str, loads: Sequence[DecodeLoad], predicted_lo: int | None, rng: random.Random, heavy_threshold: int = 128
+) -> str | None:
     if policy == "pot":
         return power_of_two(loads, predicted_lo, rng, heavy_threshold)
     if policy == "least-kv":

@@ -72,8 +72,13 @@ class TransitionWatcher:
             if pressure > self.high:
                 to = "decode" if i.role == "prefill" else "prefill"
                 self._low_since.pop(i.instance_id, None)
-                return [FlipDecision(i.instance_id, to,
-                                     f"load < {self.low:.0%} for {now - since:.0f}s while {to} load is {pressure:.0%}")]
+                return [
+                    FlipDecision(
+                        i.instance_id,
+                        to,
+                        f"load < {self.low:.0%} for {now - since:.0f}s while {to} load is {pressure:.0%}",
+                    )
+                ]
         return []
 
 

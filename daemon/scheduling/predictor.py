@@ -13,6 +13,7 @@ default); scheduling uses the lower end.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,8 +36,7 @@ class LengthPredictor(Protocol):
     name: str
     granularity: int
 
-    def predict(self, prompt_token_ids: Sequence[int], request_id: str, true_output: int | None = None) -> Range:
-        ...
+    def predict(self, prompt_token_ids: Sequence[int], request_id: str, true_output: int | None = None) -> Range: ...
 
 
 @dataclass
@@ -63,7 +63,7 @@ def features(prompt_token_ids: Sequence[int], dims: int = 256) -> np.ndarray:
     ids = list(prompt_token_ids)
     v[0] = np.log1p(len(ids))
     v[1] = 1.0  # bias
-    for a, b in zip(ids, ids[1:], strict=False):
+    for a, b in itertools.pairwise(ids):
         v[2 + (a * 1_000_003 + b) % dims] += 1.0
     norm = np.linalg.norm(v[2:])
     if norm:
@@ -82,8 +82,15 @@ class LearnedPredictor:
     accuracy: float | None = None  # on the held-out part of the last fit
     _prior: int = field(default=0, repr=False)
 
-    def fit(self, prompts: Sequence[Sequence[int]], outputs: Sequence[int], epochs: int = 200,
-            lr: float = 0.5, holdout: float = 0.2, seed: int = 0) -> float | None:
+    def fit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        outputs: Sequence[int],
+        epochs: int = 200,
+        lr: float = 0.5,
+        holdout: float = 0.2,
+        seed: int = 0,
+    ) -> float | None:
         """Fit on (prompt, output length) pairs; returns held-out bucket accuracy (None if too few)."""
         if len(prompts) != len(outputs) or not prompts:
             raise ValueError("need as many output lengths as prompts, at least one")

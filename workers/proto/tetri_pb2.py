@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0btetri.proto\x12\x08tetri.v1\"o\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x04 \x01(\t\"\xc0\x01\n\x08KVHandle\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x1a\n\x12source_instance_id\x18\x04 \x01(\t\x12.\n\x06params\x18\x05 \x03(\x0b\x32\x1e.tetri.v1.KVHandle.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x07Handoff\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x02 \x01(\t\"\x8f\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x07handoff\x18\x05 \x01(\x0b\x32\x11.tetri.v1.Handoff\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"p\n\rAcceptRequest\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.tetri.v1.GenerateRequest\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\x05\x12\x1e\n\x02kv\x18\x03 \x01(\x0b\x32\x12.tetri.v1.KVHandle\"/\n\x0b\x41\x63\x63\x65ptReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"#\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1c\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\r\n\x0bInfoRequest\"x\n\tInfoReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\"\n\x04load\x18\x05 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\xd1\x01\n\nLoadReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x16\n\x0ekv_used_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x08 \x01(\x01\x12\x13\n\x0bpreemptions\x18\t \x01(\x03\x12\x11\n\ttimestamp\x18\n \x01(\x01\"\x87\x01\n\x0fRegisterRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmax_model_len\x18\x05 \x01(\x05\x12\x1a\n\x12kv_capacity_tokens\x18\x06 \x01(\x03\"L\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x19\n\x11report_interval_s\x18\x03 \x01(\x01\"^\n\x12\x44\x65\x63odeInstanceLoad\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\"\n\x04load\x18\x03 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"Y\n\x13\x44\x65\x63odeLoadBroadcast\x12/\n\tinstances\x18\x01 \x03(\x0b\x32\x1c.tetri.v1.DecodeInstanceLoad\x12\x11\n\ttimestamp\x18\x02 \x01(\x01\x32\xaa\x02\n\x06Worker\x12=\n\x08Generate\x12\x19.tetri.v1.GenerateRequest\x1a\x14.tetri.v1.TokenChunk0\x01\x12\x38\n\x06\x41\x63\x63\x65pt\x12\x17.tetri.v1.AcceptRequest\x1a\x15.tetri.v1.AcceptReply\x12\x39\n\x06\x41ttach\x12\x17.tetri.v1.AttachRequest\x1a\x14.tetri.v1.TokenChunk0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.tetri.v1.CancelRequest\x1a\x15.tetri.v1.CancelReply\x12\x32\n\x04Info\x12\x15.tetri.v1.InfoRequest\x1a\x13.tetri.v1.InfoReply2\x95\x01\n\x0c\x43ontrolPlane\x12>\n\x08Register\x12\x19.tetri.v1.RegisterRequest\x1a\x17.tetri.v1.RegisterReply\x12\x45\n\nReportLoad\x12\x14.tetri.v1.LoadReport\x1a\x1d.tetri.v1.DecodeLoadBroadcast(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0btetri.proto\x12\x08tetri.v1\"\x9b\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x04 \x01(\t\x12\x14\n\x0cpredicted_lo\x18\x05 \x01(\x05\x12\x14\n\x0cpredicted_hi\x18\x06 \x01(\x05\"\xc0\x01\n\x08KVHandle\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x1a\n\x12source_instance_id\x18\x04 \x01(\t\x12.\n\x06params\x18\x05 \x03(\x0b\x32\x1e.tetri.v1.KVHandle.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x07Handoff\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x02 \x01(\t\"\x8f\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x07handoff\x18\x05 \x01(\x0b\x32\x11.tetri.v1.Handoff\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"p\n\rAcceptRequest\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.tetri.v1.GenerateRequest\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\x05\x12\x1e\n\x02kv\x18\x03 \x01(\x0b\x32\x12.tetri.v1.KVHandle\"/\n\x0b\x41\x63\x63\x65ptReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"#\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1c\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x1e\n\x0b\x46lipRequest\x12\x0f\n\x07to_role\x18\x01 \x01(\t\";\n\tFlipReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\ndrained_at\x18\x03 \x01(\x01\"\r\n\x0bInfoRequest\"x\n\tInfoReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\"\n\x04load\x18\x05 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\xa8\x02\n\nLoadReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x16\n\x0ekv_used_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x08 \x01(\x01\x12\x13\n\x0bpreemptions\x18\t \x01(\x03\x12\x11\n\ttimestamp\x18\n \x01(\x01\x12\r\n\x05heavy\x18\x0b \x01(\x05\x12\r\n\x05light\x18\x0c \x01(\x05\x12\x1f\n\x17predicted_growth_tokens\x18\r \x01(\x03\x12\x16\n\x0epolicy_version\x18\x0e \x01(\x03\"\x87\x01\n\x0fRegisterRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmax_model_len\x18\x05 \x01(\x05\x12\x1a\n\x12kv_capacity_tokens\x18\x06 \x01(\x03\"L\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x19\n\x11report_interval_s\x18\x03 \x01(\x01\"^\n\x12\x44\x65\x63odeInstanceLoad\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\"\n\x04load\x18\x03 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\x88\x01\n\x13\x44\x65\x63odeLoadBroadcast\x12/\n\tinstances\x18\x01 \x03(\x0b\x32\x1c.tetri.v1.DecodeInstanceLoad\x12\x11\n\ttimestamp\x18\x02 \x01(\x01\x12\x15\n\rpolicies_json\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x32\xde\x02\n\x06Worker\x12=\n\x08Generate\x12\x19.tetri.v1.GenerateRequest\x1a\x14.tetri.v1.TokenChunk0\x01\x12\x38\n\x06\x41\x63\x63\x65pt\x12\x17.tetri.v1.AcceptRequest\x1a\x15.tetri.v1.AcceptReply\x12\x39\n\x06\x41ttach\x12\x17.tetri.v1.AttachRequest\x1a\x14.tetri.v1.TokenChunk0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.tetri.v1.CancelRequest\x1a\x15.tetri.v1.CancelReply\x12\x32\n\x04Info\x12\x15.tetri.v1.InfoRequest\x1a\x13.tetri.v1.InfoReply\x12\x32\n\x04\x46lip\x12\x15.tetri.v1.FlipRequest\x1a\x13.tetri.v1.FlipReply2\x95\x01\n\x0c\x43ontrolPlane\x12>\n\x08Register\x12\x19.tetri.v1.RegisterRequest\x1a\x17.tetri.v1.RegisterReply\x12\x45\n\nReportLoad\x12\x14.tetri.v1.LoadReport\x1a\x1d.tetri.v1.DecodeLoadBroadcast(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,42 +33,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_KVHANDLE_PARAMSENTRY']._loaded_options = None
   _globals['_KVHANDLE_PARAMSENTRY']._serialized_options = b'8\001'
-  _globals['_GENERATEREQUEST']._serialized_start=25
-  _globals['_GENERATEREQUEST']._serialized_end=136
-  _globals['_KVHANDLE']._serialized_start=139
-  _globals['_KVHANDLE']._serialized_end=331
-  _globals['_KVHANDLE_PARAMSENTRY']._serialized_start=286
-  _globals['_KVHANDLE_PARAMSENTRY']._serialized_end=331
-  _globals['_HANDOFF']._serialized_start=333
-  _globals['_HANDOFF']._serialized_end=394
-  _globals['_TOKENCHUNK']._serialized_start=397
-  _globals['_TOKENCHUNK']._serialized_end=540
-  _globals['_ACCEPTREQUEST']._serialized_start=542
-  _globals['_ACCEPTREQUEST']._serialized_end=654
-  _globals['_ACCEPTREPLY']._serialized_start=656
-  _globals['_ACCEPTREPLY']._serialized_end=703
-  _globals['_ATTACHREQUEST']._serialized_start=705
-  _globals['_ATTACHREQUEST']._serialized_end=740
-  _globals['_CANCELREQUEST']._serialized_start=742
-  _globals['_CANCELREQUEST']._serialized_end=777
-  _globals['_CANCELREPLY']._serialized_start=779
-  _globals['_CANCELREPLY']._serialized_end=807
-  _globals['_INFOREQUEST']._serialized_start=809
-  _globals['_INFOREQUEST']._serialized_end=822
-  _globals['_INFOREPLY']._serialized_start=824
-  _globals['_INFOREPLY']._serialized_end=944
-  _globals['_LOADREPORT']._serialized_start=947
-  _globals['_LOADREPORT']._serialized_end=1156
-  _globals['_REGISTERREQUEST']._serialized_start=1159
-  _globals['_REGISTERREQUEST']._serialized_end=1294
-  _globals['_REGISTERREPLY']._serialized_start=1296
-  _globals['_REGISTERREPLY']._serialized_end=1372
-  _globals['_DECODEINSTANCELOAD']._serialized_start=1374
-  _globals['_DECODEINSTANCELOAD']._serialized_end=1468
-  _globals['_DECODELOADBROADCAST']._serialized_start=1470
-  _globals['_DECODELOADBROADCAST']._serialized_end=1559
-  _globals['_WORKER']._serialized_start=1562
-  _globals['_WORKER']._serialized_end=1860
-  _globals['_CONTROLPLANE']._serialized_start=1863
-  _globals['_CONTROLPLANE']._serialized_end=2012
+  _globals['_GENERATEREQUEST']._serialized_start=26
+  _globals['_GENERATEREQUEST']._serialized_end=181
+  _globals['_KVHANDLE']._serialized_start=184
+  _globals['_KVHANDLE']._serialized_end=376
+  _globals['_KVHANDLE_PARAMSENTRY']._serialized_start=331
+  _globals['_KVHANDLE_PARAMSENTRY']._serialized_end=376
+  _globals['_HANDOFF']._serialized_start=378
+  _globals['_HANDOFF']._serialized_end=439
+  _globals['_TOKENCHUNK']._serialized_start=442
+  _globals['_TOKENCHUNK']._serialized_end=585
+  _globals['_ACCEPTREQUEST']._serialized_start=587
+  _globals['_ACCEPTREQUEST']._serialized_end=699
+  _globals['_ACCEPTREPLY']._serialized_start=701
+  _globals['_ACCEPTREPLY']._serialized_end=748
+  _globals['_ATTACHREQUEST']._serialized_start=750
+  _globals['_ATTACHREQUEST']._serialized_end=785
+  _globals['_CANCELREQUEST']._serialized_start=787
+  _globals['_CANCELREQUEST']._serialized_end=822
+  _globals['_CANCELREPLY']._serialized_start=824
+  _globals['_CANCELREPLY']._serialized_end=852
+  _globals['_FLIPREQUEST']._serialized_start=854
+  _globals['_FLIPREQUEST']._serialized_end=884
+  _globals['_FLIPREPLY']._serialized_start=886
+  _globals['_FLIPREPLY']._serialized_end=945
+  _globals['_INFOREQUEST']._serialized_start=947
+  _globals['_INFOREQUEST']._serialized_end=960
+  _globals['_INFOREPLY']._serialized_start=962
+  _globals['_INFOREPLY']._serialized_end=1082
+  _globals['_LOADREPORT']._serialized_start=1085
+  _globals['_LOADREPORT']._serialized_end=1381
+  _globals['_REGISTERREQUEST']._serialized_start=1384
+  _globals['_REGISTERREQUEST']._serialized_end=1519
+  _globals['_REGISTERREPLY']._serialized_start=1521
+  _globals['_REGISTERREPLY']._serialized_end=1597
+  _globals['_DECODEINSTANCELOAD']._serialized_start=1599
+  _globals['_DECODEINSTANCELOAD']._serialized_end=1693
+  _globals['_DECODELOADBROADCAST']._serialized_start=1696
+  _globals['_DECODELOADBROADCAST']._serialized_end=1832
+  _globals['_WORKER']._serialized_start=1835
+  _globals['_WORKER']._serialized_end=2185
+  _globals['_CONTROLPLANE']._serialized_start=2188
+  _globals['_CONTROLPLANE']._serialized_end=2337
 # @@protoc_insertion_point(module_scope)

@@ -7,16 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "max_tokens", "decode_instance_id")
+    __slots__ = ("request_id", "prompt_token_ids", "max_tokens", "decode_instance_id", "predicted_lo", "predicted_hi")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_LO_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_HI_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
     decode_instance_id: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., decode_instance_id: _Optional[str] = ...) -> None: ...
+    predicted_lo: int
+    predicted_hi: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., decode_instance_id: _Optional[str] = ..., predicted_lo: _Optional[int] = ..., predicted_hi: _Optional[int] = ...) -> None: ...
 
 class KVHandle(_message.Message):
     __slots__ = ("request_id", "num_tokens", "num_bytes", "source_instance_id", "params")
@@ -99,6 +103,22 @@ class CancelReply(_message.Message):
     found: bool
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
+class FlipRequest(_message.Message):
+    __slots__ = ("to_role",)
+    TO_ROLE_FIELD_NUMBER: _ClassVar[int]
+    to_role: str
+    def __init__(self, to_role: _Optional[str] = ...) -> None: ...
+
+class FlipReply(_message.Message):
+    __slots__ = ("ok", "reason", "drained_at")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_AT_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    reason: str
+    drained_at: float
+    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., drained_at: _Optional[float] = ...) -> None: ...
+
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -118,7 +138,7 @@ class InfoReply(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("instance_id", "role", "state", "queued", "running", "kv_used_tokens", "kv_capacity_tokens", "tokens_per_s", "preemptions", "timestamp")
+    __slots__ = ("instance_id", "role", "state", "queued", "running", "kv_used_tokens", "kv_capacity_tokens", "tokens_per_s", "preemptions", "timestamp", "heavy", "light", "predicted_growth_tokens", "policy_version")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +149,10 @@ class LoadReport(_message.Message):
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    HEAVY_FIELD_NUMBER: _ClassVar[int]
+    LIGHT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_GROWTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     role: str
     state: str
@@ -139,7 +163,11 @@ class LoadReport(_message.Message):
     tokens_per_s: float
     preemptions: int
     timestamp: float
-    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ...) -> None: ...
+    heavy: int
+    light: int
+    predicted_growth_tokens: int
+    policy_version: int
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ..., heavy: _Optional[int] = ..., light: _Optional[int] = ..., predicted_growth_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens")
@@ -178,9 +206,13 @@ class DecodeInstanceLoad(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., address: _Optional[str] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
 
 class DecodeLoadBroadcast(_message.Message):
-    __slots__ = ("instances", "timestamp")
+    __slots__ = ("instances", "timestamp", "policies_json", "policy_version")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    POLICIES_JSON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[DecodeInstanceLoad]
     timestamp: float
-    def __init__(self, instances: _Optional[_Iterable[_Union[DecodeInstanceLoad, _Mapping]]] = ..., timestamp: _Optional[float] = ...) -> None: ...
+    policies_json: str
+    policy_version: int
+    def __init__(self, instances: _Optional[_Iterable[_Union[DecodeInstanceLoad, _Mapping]]] = ..., timestamp: _Optional[float] = ..., policies_json: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...

@@ -59,6 +59,11 @@ class WorkerStub:
                 request_serializer=tetri__pb2.InfoRequest.SerializeToString,
                 response_deserializer=tetri__pb2.InfoReply.FromString,
                 _registered_method=True)
+        self.Flip = channel.unary_unary(
+                '/tetri.v1.Worker/Flip',
+                request_serializer=tetri__pb2.FlipRequest.SerializeToString,
+                response_deserializer=tetri__pb2.FlipReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -97,6 +102,12 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Flip(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +135,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=tetri__pb2.InfoRequest.FromString,
                     response_serializer=tetri__pb2.InfoReply.SerializeToString,
+            ),
+            'Flip': grpc.unary_unary_rpc_method_handler(
+                    servicer.Flip,
+                    request_deserializer=tetri__pb2.FlipRequest.FromString,
+                    response_serializer=tetri__pb2.FlipReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +277,33 @@ class Worker:
             '/tetri.v1.Worker/Info',
             tetri__pb2.InfoRequest.SerializeToString,
             tetri__pb2.InfoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Flip(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tetri.v1.Worker/Flip',
+            tetri__pb2.FlipRequest.SerializeToString,
+            tetri__pb2.FlipReply.FromString,
             options,
             channel_credentials,
             insecure,

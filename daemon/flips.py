@@ -1,0 +1,140 @@
+"""Instance flips (TetriInfer §3.5), carried out by the daemon: manual (admin API) or decided by the
+transition watcher (`daemon.scheduling.flip`, a pure policy).
+
+Protocol: validate (known instance, prefill/decode, not already flipping, never the last active
+instance of its role) → record the flip → mark the instance draining in the registry (no new requests
+are routed to it, and the decode-load broadcast tells prefill instances to stop sending to it) → the
+worker's Flip RPC drains queued and running work and changes role → the registry takes the new role
+and the instance is active again, announced in the next broadcast. Each flip is a row in `flips`
+(reason, who asked, started, drained, done, outcome).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import grpc
+
+from workers.peers import Peers
+from workers.proto import pb
+
+from .cluster import Cluster, Instance
+from .db.store import Store
+from .scheduling.flip import InstanceView, TransitionWatcher
+
+log = logging.getLogger(__name__)
+
+
+class FlipError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Flipper:
+    def __init__(self, cluster: Cluster, peers: Peers, store: Store) -> None:
+        self.cluster = cluster
+        self.peers = peers
+        self.store = store
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.watcher = TransitionWatcher()
+
+    def validate(self, instance_id: str, to_role: str | None) -> tuple[Instance, str]:
+        inst = self.cluster.instances.get(instance_id)
+        if inst is None:
+            raise FlipError(404, f"no instance {instance_id!r}")
+        if inst.role not in ("prefill", "decode"):
+            raise FlipError(409, f"instance {instance_id} is {inst.role}: only prefill and decode instances flip")
+        to = to_role or ("decode" if inst.role == "prefill" else "prefill")
+        if to not in ("prefill", "decode"):
+            raise FlipError(400, f"to: must be prefill or decode, got {to!r}")
+        if to == inst.role:
+            raise FlipError(409, f"instance {instance_id} already is a {to} instance")
+        if inst.flip_pending or inst.state in ("draining", "flipping"):
+            raise FlipError(409, f"instance {instance_id} is already flipping")
+        if inst.state != "active":
+            raise FlipError(409, f"instance {instance_id} is {inst.state}")
+        if len(self.cluster.healthy(inst.role)) < 2:
+            raise FlipError(409, f"instance {instance_id} is the last active {inst.role} instance")
+        return inst, to
+
+    async def start(self, instance_id: str, to_role: str | None, reason: str, requested_by: str) -> dict[str, Any]:
+        inst, to = self.validate(instance_id, to_role)
+        inst.flip_pending = True
+        inst.state = "draining"
+        started = time.time()
+        flip_id = await asyncio.to_thread(self.store.record_flip, inst.id, inst.role, to, reason, requested_by, started)
+        task = asyncio.create_task(self._run(flip_id, inst, to))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return {
+            "id": flip_id,
+            "instance_id": inst.id,
+            "from_role": inst.role,
+            "to_role": to,
+            "reason": reason,
+            "requested_by": requested_by,
+            "started_ts": started,
+            "state": "draining",
+        }
+
+    async def _run(self, flip_id: int, inst: Instance, to: str) -> None:
+        outcome, drained = "failed", None
+        try:
+            reply = await self.peers.worker(inst.address).Flip(pb.FlipRequest(to_role=to), timeout=600)
+            if reply.ok:
+                drained = time.time()
+                inst.role = to
+                outcome = "done"
+            else:
+                log.warning("flip of %s refused by the worker: %s", inst.id, reply.reason)
+                outcome = f"refused: {reply.reason}"[:32]
+        except grpc.aio.AioRpcError as e:
+            log.warning("flip of %s failed: %s", inst.id, e.code().name)
+            outcome = f"failed: {e.code().name}"[:32]
+        finally:
+            inst.flip_pending = False
+            inst.state = "active" if outcome == "done" or inst.state != "unhealthy" else inst.state
+            fields: dict[str, Any] = {"done_ts": time.time(), "outcome": outcome}
+            if drained is not None:
+                fields["drained_ts"] = drained
+            await asyncio.to_thread(self.store.update_flip, flip_id, **fields)
+
+    def configure(self) -> None:
+        p = self.cluster.policies
+        if (p.flip_policy, p.flip_low, p.flip_high, p.flip_window_s) != (
+            self.watcher.policy,
+            self.watcher.low,
+            self.watcher.high,
+            self.watcher.window_s,
+        ):
+            self.watcher = TransitionWatcher(p.flip_policy, p.flip_low, p.flip_high, p.flip_window_s)
+
+    async def watch(self, every_s: float) -> None:
+        """The transition watcher: look at instance load regularly; flip what the policy says."""
+        while True:
+            await asyncio.sleep(every_s)
+            self.configure()
+            views = [
+                InstanceView(
+                    i.id,
+                    i.role,
+                    "flipping" if i.flip_pending else i.state,
+                    i.kv_usage,
+                    i.load.queued + i.inflight,
+                )
+                for i in self.cluster.instances.values()
+                if i.role in ("prefill", "decode")
+            ]
+            for d in self.watcher.observe(time.time(), views):
+                try:
+                    await self.start(d.instance_id, d.to_role, d.reason, "transition-watcher")
+                except FlipError as e:
+                    log.info("watcher's flip of %s not started: %s", d.instance_id, e)
+
+    async def close(self) -> None:
+        for t in list(self.tasks):
+            t.cancel()

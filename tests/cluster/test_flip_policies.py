@@ -1,0 +1,162 @@
+"""Instance flips and policy hot-swap on a live cluster (real processes over loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from daemon.db.store import Store, make_engine
+
+from .harness import LiveCluster, start_cluster
+
+pytestmark = pytest.mark.slow
+MODEL = "tetri-sim"
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[LiveCluster]:
+    c = start_cluster(tmp_path, ["prefill", "prefill", "decode", "decode"], time_scale=10.0)
+    yield c
+    c.stop()
+
+
+def table(c: LiveCluster, what: str) -> list[dict]:
+    store = Store(make_engine(c.db_url))
+    try:
+        if what == "requests":
+            return store.list_requests(None, None, 10_000, 0)[0]
+        return store.list_flips() if what == "flips" else store.list_policy_changes()
+    finally:
+        store.close()
+
+
+def wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_flip_under_load_loses_nothing_and_serves_nothing_twice(cluster: LiveCluster):
+    h = httpx.Client(base_url=cluster.url, timeout=30)
+    decode = sorted(i for i in cluster.workers if i.startswith("decode"))[0]
+
+    async def load() -> list[tuple[str, int, int]]:
+        client = openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        async def one(i: int) -> tuple[str, int, int]:
+            await asyncio.sleep(0.02 * i)  # arrivals spread over the flip
+            want = 20 + i % 30
+            stream = await client.completions.create(model=MODEL, prompt=[i % 200 + 1] * (5 + i % 20),
+                                                     max_tokens=want, stream=True)
+            rid, got = "", 0
+            async for chunk in stream:
+                rid = chunk.id
+                if chunk.choices:
+                    got += len(chunk.choices[0].text.split())
+            return rid, want, got
+
+        async def flip_midway() -> None:
+            await asyncio.sleep(0.4)
+            r = await asyncio.to_thread(h.post, f"/api/v1/instances/{decode}/flip", json={"to": "prefill",
+                                                                                         "reason": "test"})
+            assert r.status_code == 202, r.text
+
+        try:
+            results = await asyncio.gather(*(one(i) for i in range(60)), flip_midway())
+        finally:
+            await client.close()
+        return results[:-1]  # type: ignore[return-value]
+
+    results = asyncio.run(load())
+    assert all(got == want for _, want, got in results), [r for r in results if r[1] != r[2]]
+    ids = [rid for rid, _, _ in results]
+    assert len(set(ids)) == 60
+    wait_for(lambda: any(f["outcome"] == "done" for f in table(cluster, "flips")))
+    flip = table(cluster, "flips")[0]
+    assert flip["instance_id"] == decode and flip["from_role"] == "decode" and flip["to_role"] == "prefill"
+    assert flip["started_ts"] <= flip["drained_ts"] <= flip["done_ts"] and flip["requested_by"] == "admin-api"
+    wait_for(lambda: all(r["status"] == "finished" for r in table(cluster, "requests") if r["id"] in ids))
+    rows = {r["id"]: r for r in table(cluster, "requests") if r["id"] in ids}
+    assert len(rows) == 60 and all(r["status"] == "finished" for r in rows.values())
+    inst = h.get(f"/api/v1/instances/{decode}").json()
+    assert inst["role"] == "prefill" and inst["state"] == "active"
+    # the flipped instance now takes prefill work; the remaining decode instance takes every hand-over
+    client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0)
+    for _ in range(6):
+        client.completions.create(model=MODEL, prompt="after the flip", max_tokens=4)
+    client.close()
+    time.sleep(0.2)
+    recent = table(cluster, "requests")[:6]
+    assert decode in {r["prefill_instance"] for r in recent}
+    assert {r["decode_instance"] for r in recent} == {sorted(i for i in cluster.workers if i.startswith("decode"))[1]}
+    h.close()
+
+
+def _long_streams(url: str, n: int) -> threading.Thread:
+    def run() -> None:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+        for _ in client.completions.create(model=MODEL, prompt=[3] * 8, max_tokens=1900, stream=True):
+            pass
+        client.close()
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    waiter = threading.Thread(target=lambda: [t.join() for t in threads])
+    waiter.start()
+    return waiter
+
+
+def test_bad_flips_are_refused_and_change_nothing(cluster: LiveCluster):
+    with httpx.Client(base_url=cluster.url, timeout=30) as h:
+        assert h.post("/api/v1/instances/nope/flip").status_code == 404
+        d1, d2 = sorted(i for i in cluster.workers if i.startswith("decode"))
+        r = h.post(f"/api/v1/instances/{d1}/flip", json={"to": "colocated"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "to"
+        assert h.post(f"/api/v1/instances/{d1}/flip", json={"to": "decode"}).status_code == 409
+        busy = _long_streams(cluster.url, 6)  # decode work to drain: the flip stays in progress a while
+        wait_for(lambda: h.get(f"/api/v1/instances/{d1}").json()["running"] > 0)
+        assert h.post(f"/api/v1/instances/{d1}/flip").status_code == 202
+        again = h.post(f"/api/v1/instances/{d1}/flip")
+        assert again.status_code == 409 and "already flipping" in again.json()["error"]["message"]
+        busy.join(60)
+        wait_for(lambda: h.get(f"/api/v1/instances/{d1}").json()["role"] == "prefill")
+        last = h.post(f"/api/v1/instances/{d2}/flip")
+        assert last.status_code == 409 and "last active decode" in last.json()["error"]["message"]
+        assert h.get(f"/api/v1/instances/{d2}").json()["role"] == "decode"
+        assert len(h.get("/api/v1/flips").json()["flips"]) == 1
+
+
+def test_policy_hot_swap_validated_audited_and_applied(cluster: LiveCluster):
+    with httpx.Client(base_url=cluster.url, timeout=30) as h:
+        doc = h.get("/api/v1/policies").json()
+        assert doc["policies"]["chunk_size"] == 512 and doc["version"] == 0
+        for bad, field in [({"chunk_size": 0}, "chunk_size"), ({"prefill_policy": "random"}, "prefill_policy"),
+                           ({"decode_admission": "yolo"}, "decode_admission"), ({"nope": 1}, "nope")]:
+            r = h.put("/api/v1/policies", json=bad)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert h.get("/api/v1/policies").json()["version"] == 0  # state unchanged
+        r = h.put("/api/v1/policies", json={"prefill_policy": "sjf", "chunk_size": 256, "dispatch": "pot",
+                                             "predictor": "oracle", "predictor_accuracy": 0.749,
+                                             "decode_admission": "reserve-dynamic"},
+                  headers={"x-tetri-user": "alice"})
+        assert r.status_code == 200, r.text
+        assert r.json()["version"] == 1 and sorted(r.json()["changed"]) == sorted(
+            ["prefill_policy", "chunk_size", "dispatch", "predictor", "predictor_accuracy", "decode_admission"])
+        audit = table(cluster, "audit")
+        assert {a["field"] for a in audit} >= {"chunk_size", "prefill_policy"} and audit[0]["requested_by"] == "alice"
+        # the workers took the new policies without a restart (they acknowledge the version) and keep serving
+        wait_for(lambda: {i["policy_version"] for i in h.get("/api/v1/instances").json()["instances"]} == {1})
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0)
+        out = client.completions.create(model=MODEL, prompt=[1] * 300, max_tokens=9)
+        client.close()
+        assert out.usage.completion_tokens == 9
+        assert h.get("/api/v1/policies/history").json()["changes"]
