@@ -31,6 +31,7 @@ from .db.writer import BatchWriter
 from .flips import Flipper
 from .gateway import Gateway, new_request_id
 from .metrics import Metrics
+from .predictor_service import PredictorService
 
 
 def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI:
@@ -43,7 +44,9 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
         await writer.start()
         cluster = Cluster(settings.report_interval_s, settings.unhealthy_after, writer, settings.load_sample_every)
-        gateway = Gateway(cluster, writer, metrics, settings.model)
+        predictor = PredictorService(store)
+        gateway = Gateway(cluster, writer, metrics, settings.model, predictor)
+        metrics.watch_predictor(predictor)
 
         def on_register(inst: Instance) -> None:
             _record_instance(store, inst)
@@ -58,6 +61,8 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         app.state.flipper = flipper
         monitor = asyncio.create_task(cluster.monitor())
         watcher = asyncio.create_task(flipper.watch(max(1.0, settings.report_interval_s * 10)))
+        retrainer = asyncio.create_task(predictor.loop(lambda: cluster.policies, settings.predictor_retrain_s))
+        app.state.predictor = predictor
         retention = asyncio.create_task(_retention(store, settings.load_retention_s))
         try:
             yield
@@ -65,6 +70,7 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
             monitor.cancel()
             retention.cancel()
             watcher.cancel()
+            retrainer.cancel()
             await flipper.close()
             await server.stop(grace=0.5)
             await gateway.close()

@@ -46,6 +46,9 @@ class DaemonSettings(BaseSettings):
     load_retention_s: float = Field(600.0, gt=0, description="How long load samples are kept in the database.")
     load_sample_every: int = Field(10, ge=1, description="Store one load sample per instance every N reports.")
     flush_interval_s: float = Field(0.05, gt=0, description="Batched status-table writes: flush period.")
+    predictor_retrain_s: float = Field(
+        60.0, gt=0, description="Retrain the learned length predictor this often (when it is selected)."
+    )
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.state_dir / 'tetri.db').as_posix()}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from .cluster import Cluster, Instance
 from .db.models import Phase, Status
 from .db.writer import BatchWriter
 from .metrics import Metrics
+from .predictor_service import PROMPT_SAMPLE, PredictorService
 from .scheduling.routing import least_loaded
 
 
@@ -58,6 +60,7 @@ class Inflight:
     decode_start_ts: float | None = None
     produced: int = 0
     cancelled: bool = False
+    predicted: tuple[int, int] | None = None
     serving: tuple[str, str] | None = None  # (instance id, address) currently producing tokens
     timeline: list[tuple[str, float]] = field(default_factory=list)
 
@@ -71,7 +74,15 @@ def new_request_id() -> str:
 
 
 class Gateway:
-    def __init__(self, cluster: Cluster, writer: BatchWriter, metrics: Metrics, model: str) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        writer: BatchWriter,
+        metrics: Metrics,
+        model: str,
+        predictor: PredictorService | None = None,
+    ) -> None:
+        self.predictor = predictor
         self.cluster = cluster
         self.writer = writer
         self.metrics = metrics
@@ -130,6 +141,8 @@ class Gateway:
     ) -> AsyncIterator[Tokens | Finished | Failed]:
         now = time.time()
         fl = Inflight(rid, len(prompt_ids), max_tokens, now, timeline=[("queued", now)])
+        if self.predictor is not None:
+            fl.predicted = self.predictor.predict(self.cluster.policies, prompt_ids, rid, max_tokens)
         self.inflight[rid] = fl
         self.writer.submit_request_insert(
             id=rid,
@@ -141,6 +154,9 @@ class Gateway:
             max_tokens=max_tokens,
             sla_ttft_ms=sla_ttft_ms,
             sla_jct_ms=sla_jct_ms,
+            predicted_lo=fl.predicted[0] if fl.predicted else None,
+            predicted_hi=fl.predicted[1] if fl.predicted else None,
+            prompt_sample=json.dumps(prompt_ids[:PROMPT_SAMPLE]),
         )
         end: Finished | Failed | None = None
         try:
@@ -166,6 +182,8 @@ class Gateway:
         fl.timeline.append(("done", now))
         if isinstance(end, Finished):
             status = Status.CANCELLED if end.reason == "cancelled" else Status.FINISHED
+            if status == Status.FINISHED and self.predictor is not None:
+                self.predictor.observe(fl.predicted, fl.produced)
             self._update(
                 fl,
                 phase=Phase.DONE.value,
@@ -212,7 +230,10 @@ class Gateway:
         self._serve_on(fl, entry)
         fl.prefill_instance = entry.id
         self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=time.time())
-        req = pb.GenerateRequest(request_id=fl.id, prompt_token_ids=prompt_ids, max_tokens=fl.max_tokens)
+        lo, hi = fl.predicted or (0, 0)
+        req = pb.GenerateRequest(
+            request_id=fl.id, prompt_token_ids=prompt_ids, max_tokens=fl.max_tokens, predicted_lo=lo, predicted_hi=hi
+        )
         handoff: pb.Handoff | None = None
         async for ev in self._stream(fl, entry, self.peers.worker(entry.address).Generate(req)):
             if isinstance(ev, pb.Handoff):

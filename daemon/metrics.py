@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -48,3 +48,11 @@ class Metrics:
         self.jct = Histogram("tetri_jct_seconds", "Job completion time", buckets=_LAT, registry=self.registry)
         self.itl = Histogram("tetri_itl_seconds", "Inter-token latency", buckets=_LAT, registry=self.registry)
         self.registry.register(_ClusterCollector(source))
+        self.predictor_accuracy = Gauge(
+            "tetri_predictor_accuracy", "Length predictor bucket accuracy", ["kind"], registry=self.registry
+        )
+
+    def watch_predictor(self, service: Any) -> None:
+        """Live and held-out accuracy of the length predictor, read at scrape time."""
+        self.predictor_accuracy.labels(kind="live").set_function(lambda: service.stats.live_accuracy or 0.0)
+        self.predictor_accuracy.labels(kind="holdout").set_function(lambda: service.stats.holdout_accuracy or 0.0)

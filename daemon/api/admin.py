@@ -188,3 +188,18 @@ async def flip(
 @router.get("/flips")
 async def flips(request: Request) -> dict[str, Any]:
     return {"flips": await asyncio.to_thread(request.app.state.store.list_flips)}
+
+
+# --- length predictor -----------------------------------------------------------------------------------
+@router.get("/predictor")
+async def predictor(request: Request) -> dict[str, Any]:
+    p = _gw(request).cluster.policies
+    return {"predictor": p.predictor, "granularity": p.predictor_granularity} | request.app.state.predictor.describe()
+
+
+@router.post("/predictor/retrain")
+async def retrain(request: Request) -> dict[str, Any]:
+    """Retrain the learned predictor now from the finished requests in the status table."""
+    await request.app.state.writer.flush()
+    out: dict[str, Any] = await request.app.state.predictor.retrain(_gw(request).cluster.policies.predictor_granularity)
+    return out

@@ -63,6 +63,10 @@ class RequestRow(Base):
     jct_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     finish_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # the length predictor's range at admission, and the prompt's first tokens (JSON) it learns from
+    predicted_lo: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    predicted_hi: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    prompt_sample: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (
         Index("ix_requests_status_phase", "status", "phase"),

@@ -16,6 +16,7 @@ It must not import the planner, a web or RPC framework, or read a clock: timesta
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -279,6 +280,18 @@ class Store:
             rows = _rows(conn.execute(page))
             count = int(conn.execute(total).scalar_one())
         return rows, count
+
+    def training_samples(self, limit: int = 5000) -> list[tuple[list[int], int]]:
+        """(prompt sample, output tokens) of the newest finished requests that kept a prompt sample —
+        what the learned length predictor trains on."""
+        q = (
+            select(REQUESTS.c.prompt_sample, REQUESTS.c.output_tokens)
+            .where(REQUESTS.c.status == "finished", REQUESTS.c.prompt_sample.is_not(None))
+            .order_by(REQUESTS.c.arrival_ts.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [(json.loads(p), int(o)) for p, o in conn.execute(q)]
 
     def count_by_status(self) -> dict[str, int]:
         """Number of requests per status; every `Status` value is present (0 when none)."""

@@ -72,6 +72,8 @@ def admit(
                 r_min = min((x.remaining for x in batch), default=0)
                 grown = sum(x.context + min(x.remaining, r_min) for x in batch) + w.context + min(w.remaining, r_min)
                 ok = r_min > 0 and grown <= capacity
+        if not ok and not batch and fits_now:
+            ok = True  # alone on the instance: a prediction above capacity must not block the queue forever
         if not ok:
             break  # FCFS within the decode queue: no overtaking
         batch.append(w)
@@ -85,7 +87,7 @@ def _plan(
 ) -> list[str]:
     prof = KVProfile(capacity)
     for i, r in enumerate(running):  # a running request as if started now with its context as prompt
-        prof.add(i, max(1, r.context - 1), r.remaining, 0)
+        prof.add(i, r.context, r.remaining, 0)  # holds context + k in its k-th step from now, like a new one
     by_id = {w.request_id: w for w in waiting}
     out: list[str] = []
     for rid in order:

@@ -87,5 +87,5 @@ def check_flip_policy(policy: str, low: float, high: float, window_s: float) -> 
         raise ValueError(f"unknown flip policy {policy!r} (choose from {', '.join(FLIP_POLICIES)})")
     if not 0 <= low < high <= 1:
         raise ValueError("flip thresholds need 0 ≤ low < high ≤ 1")
-    if window_s <= 0:
+    if not window_s > 0:  # also refuses NaN
         raise ValueError("flip window must be positive")

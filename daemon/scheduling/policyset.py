@@ -7,6 +7,7 @@ applies it without restart and records each changed field in the audit table.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,12 +54,18 @@ class PolicySet:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PolicyError(name, f"must be a positive integer, got {v!r}")
+        for name in ("predictor_accuracy", "flip_low", "flip_high", "flip_window_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
+                raise PolicyError(name, f"must be a number, got {v!r}")
         if not 0 <= self.predictor_accuracy <= 1:
             raise PolicyError("predictor_accuracy", "must be within [0, 1]")
-        if not 0 <= self.flip_low < self.flip_high <= 1:
+        if not 0 <= self.flip_high <= 1:
+            raise PolicyError("flip_high", "must be within [0, 1]")
+        if not 0 <= self.flip_low < self.flip_high:
             raise PolicyError("flip_low", "flip thresholds need 0 ≤ flip_low < flip_high ≤ 1")
-        if self.flip_window_s <= 0:
-            raise PolicyError("flip_window_s", "must be positive")
+        if not self.flip_window_s > 0 or math.isinf(self.flip_window_s):
+            raise PolicyError("flip_window_s", "must be a positive number of seconds")
 
     def changed(self, **fields: Any) -> PolicySet:
         names = {f.name for f in dataclasses.fields(self)}

@@ -4,7 +4,7 @@ default); scheduling uses the lower end.
 * `OraclePredictor` — knows the true length (simulation): the right bucket with probability
   `accuracy`, else an adjacent one; deterministic per request id (the paper's ideal and 74.9% cases).
 * `LearnedPredictor` — trained from completed requests: features are the prompt's token count and
-  hashed token bigrams; a multinomial logistic regression over buckets fitted with numpy (no extra
+  hashed token unigrams and bigrams; a multinomial logistic regression over buckets fitted with numpy (no extra
   dependency). `fit` is pure; the daemon decides when to retrain.
 * `LengthPredictor` is the interface a fine-tuned small LM classifier (the paper's OPT-125M) implements
   on a GPU: `predict(prompt_token_ids, request_id, true_output=None) -> (lo, hi)`.
@@ -58,12 +58,14 @@ class OraclePredictor:
 
 
 def features(prompt_token_ids: Sequence[int], dims: int = 256) -> np.ndarray:
-    """log token count plus hashed token bigrams (a bag of `dims` buckets, L2-normalised)."""
+    """log token count plus hashed token unigrams and bigrams (a bag of `dims` buckets, L2-normalised)."""
     v = np.zeros(dims + 2)
     ids = list(prompt_token_ids)
     v[0] = np.log1p(len(ids))
     v[1] = 1.0  # bias
-    for a, b in itertools.pairwise(ids):
+    for a in ids:  # unigrams: "the prompt contains token X"
+        v[2 + (a * 7_919) % dims] += 1.0
+    for a, b in itertools.pairwise(ids):  # bigrams
         v[2 + (a * 1_000_003 + b) % dims] += 1.0
     norm = np.linalg.norm(v[2:])
     if norm:

@@ -54,8 +54,9 @@ def test_flip_under_load_loses_nothing_and_serves_nothing_twice(cluster: LiveClu
         async def one(i: int) -> tuple[str, int, int]:
             await asyncio.sleep(0.02 * i)  # arrivals spread over the flip
             want = 20 + i % 30
-            stream = await client.completions.create(model=MODEL, prompt=[i % 200 + 1] * (5 + i % 20),
-                                                     max_tokens=want, stream=True)
+            stream = await client.completions.create(
+                model=MODEL, prompt=[i % 200 + 1] * (5 + i % 20), max_tokens=want, stream=True
+            )
             rid, got = "", 0
             async for chunk in stream:
                 rid = chunk.id
@@ -65,8 +66,9 @@ def test_flip_under_load_loses_nothing_and_serves_nothing_twice(cluster: LiveClu
 
         async def flip_midway() -> None:
             await asyncio.sleep(0.4)
-            r = await asyncio.to_thread(h.post, f"/api/v1/instances/{decode}/flip", json={"to": "prefill",
-                                                                                         "reason": "test"})
+            r = await asyncio.to_thread(
+                h.post, f"/api/v1/instances/{decode}/flip", json={"to": "prefill", "reason": "test"}
+            )
             assert r.status_code == 202, r.text
 
         try:
@@ -139,18 +141,31 @@ def test_policy_hot_swap_validated_audited_and_applied(cluster: LiveCluster):
     with httpx.Client(base_url=cluster.url, timeout=30) as h:
         doc = h.get("/api/v1/policies").json()
         assert doc["policies"]["chunk_size"] == 512 and doc["version"] == 0
-        for bad, field in [({"chunk_size": 0}, "chunk_size"), ({"prefill_policy": "random"}, "prefill_policy"),
-                           ({"decode_admission": "yolo"}, "decode_admission"), ({"nope": 1}, "nope")]:
+        for bad, field in [
+            ({"chunk_size": 0}, "chunk_size"),
+            ({"prefill_policy": "random"}, "prefill_policy"),
+            ({"decode_admission": "yolo"}, "decode_admission"),
+            ({"nope": 1}, "nope"),
+        ]:
             r = h.put("/api/v1/policies", json=bad)
             assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
         assert h.get("/api/v1/policies").json()["version"] == 0  # state unchanged
-        r = h.put("/api/v1/policies", json={"prefill_policy": "sjf", "chunk_size": 256, "dispatch": "pot",
-                                             "predictor": "oracle", "predictor_accuracy": 0.749,
-                                             "decode_admission": "reserve-dynamic"},
-                  headers={"x-tetri-user": "alice"})
+        r = h.put(
+            "/api/v1/policies",
+            json={
+                "prefill_policy": "sjf",
+                "chunk_size": 256,
+                "dispatch": "pot",
+                "predictor": "oracle",
+                "predictor_accuracy": 0.749,
+                "decode_admission": "reserve-dynamic",
+            },
+            headers={"x-tetri-user": "alice"},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["version"] == 1 and sorted(r.json()["changed"]) == sorted(
-            ["prefill_policy", "chunk_size", "dispatch", "predictor", "predictor_accuracy", "decode_admission"])
+            ["prefill_policy", "chunk_size", "dispatch", "predictor", "predictor_accuracy", "decode_admission"]
+        )
         audit = table(cluster, "audit")
         assert {a["field"] for a in audit} >= {"chunk_size", "prefill_policy"} and audit[0]["requested_by"] == "alice"
         # the workers took the new policies without a restart (they acknowledge the version) and keep serving
@@ -160,3 +175,34 @@ def test_policy_hot_swap_validated_audited_and_applied(cluster: LiveCluster):
         client.close()
         assert out.usage.completion_tokens == 9
         assert h.get("/api/v1/policies/history").json()["changes"]
+
+
+def test_learned_predictor_trains_from_the_status_table(tmp_path: Path):
+    c = start_cluster(tmp_path, ["prefill", "decode"], time_scale=50.0)
+    try:
+        with httpx.Client(base_url=c.url, timeout=60) as h:
+            assert h.put("/api/v1/policies", json={"predictor": "learned"}).status_code == 200
+
+            def send(i: int) -> None:  # prompts that mention token 7 get long answers
+                long = i % 2 == 0
+                prompt = [7, 7, 7, 7, *range(20, 20 + i % 9)] if long else [30 + i % 50, 31, 32, 33]
+                r = h.post(
+                    "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 300 if long else 40}
+                )
+                assert r.status_code == 200
+
+            for i in range(60):
+                send(i)
+            trained = h.post("/api/v1/predictor/retrain").json()
+            assert trained["retrained"] and trained["trained_on"] >= 60 and trained["holdout_accuracy"] > 0.8
+            for i in range(60, 80):
+                send(i)
+            info = h.get("/api/v1/predictor").json()
+            assert info["predictor"] == "learned" and info["live_samples"] == 20 and info["live_accuracy"] > 0.8
+            assert 'tetri_predictor_accuracy{kind="live"}' in h.get("/metrics").text
+            time.sleep(0.2)
+            newest = h.get("/api/v1/requests", params={"limit": 20}).json()["requests"]
+            assert all(r["predicted_lo"] is not None for r in newest)
+            assert {r["predicted_lo"] for r in newest if r["max_tokens"] == 300} == {201}
+    finally:
+        c.stop()

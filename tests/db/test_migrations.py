@@ -41,6 +41,29 @@ def _revision(url: str) -> str | None:
         engine.dispose()
 
 
+HEAD = "0002"  # the newest revision in migrations/versions
+
+
+def test_upgrade_from_the_previous_revision_keeps_rows(tmp_path: Path) -> None:
+    """0001 → 0002 on a database with data: the rows survive and gain the new (empty) columns."""
+    url = f"sqlite:///{tmp_path}/tetri.db"
+    command.upgrade(alembic_config(url), "0001")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO requests (id, model, phase, status, arrival_ts, prompt_tokens, "
+                              "max_tokens, output_tokens) VALUES ('r1', 'm', 'done', 'finished', 1.0, 3, 4, 4)"))
+    finally:
+        engine.dispose()
+    migrate(url)
+    store = Store(make_engine(url))
+    try:
+        row = store.get_request("r1")
+        assert row is not None and row["output_tokens"] == 4 and row["predicted_lo"] is None
+    finally:
+        store.close()
+
+
 def test_models_declare_the_five_tables() -> None:
     assert set(Base.metadata.tables) == TABLES
 
@@ -49,7 +72,7 @@ def test_migrate_creates_every_table(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/nested/dir/tetri.db"  # the parent directory does not exist yet
     migrate(url)
     assert _tables(url) == TABLES | {"alembic_version"}
-    assert _revision(url) == "0001"
+    assert _revision(url) == HEAD
 
 
 def test_models_and_migrations_agree(tmp_path: Path) -> None:
@@ -74,7 +97,7 @@ def test_check_detects_a_schema_difference(tmp_path: Path) -> None:
 
 def test_single_head() -> None:
     script = ScriptDirectory.from_config(alembic_config())
-    assert script.get_heads() == ["0001"]
+    assert script.get_heads() == [HEAD]
     assert migrations_dir() == REPO_ROOT / "migrations"
 
 
@@ -95,7 +118,7 @@ def test_migrate_twice_is_a_noop(tmp_path: Path) -> None:
         store.insert_request(id="r1", model="m", arrival_ts=1.0)
     migrate(url)
     migrate(url)
-    assert _revision(url) == "0001"
+    assert _revision(url) == HEAD
     with Store.open(url) as store:  # Store.open migrates too
         row = store.get_request("r1")
     assert row is not None and row["model"] == "m"
