@@ -158,6 +158,8 @@ def test_chunked_prefill_splits_long_prompts_and_packs_short_ones():
         ]
         assert pre.prefill_iterations == pre.iterations == 3
         assert pre.prompt_tokens_processed == 1500
+        # ChunkSize (by default the iteration budget, 512) is fixed: the last chunk is padded (TetriInfer).
+        assert [s.padding for s in log] == [0, 0, 36] and pre.wasted_prefill_tokens == 36
         # The later chunks of the long prompt attend to the earlier ones: they take longer.
         assert log[1].duration > log[0].duration
         await pre.stop()
@@ -467,3 +469,11 @@ def test_wrong_role_duplicate_id_and_bad_construction():
     e = SimEngine(profile, "decode", "d1", ScaledClock(), vocab_size=7, max_batched_tokens=64)
     assert (e.model_name, e.max_model_len, e.instance_id, e.role) == ("tetri/tiny-sim", 2048, "d1", "decode")
     assert (e.vocab_size, e.max_batched_tokens, e.cost.profile.name) == (7, 64, "tiny")
+    # Default policies: fcfs chunked prefill with the iteration budget as ChunkSize, greedy admission.
+    assert (e.policies.chunk_size, e.policies.prefill_policy, e.policies.decode_admission) == (64, "fcfs", "greedy")
+    assert e.chunked is True
+    assert e.policy_stats() == dict.fromkeys(
+        ("preemptions", "wasted_prefill_tokens", "prefill_iterations", "decode_iterations", "admitted_by_policy"), 0
+    )
+    e.configure(e.policies.changed(chunk_size=128, decode_admission="reserve-static"), chunked=False)
+    assert (e.policies.chunk_size, e.policies.decode_admission, e.chunked) == (128, "reserve-static", False)

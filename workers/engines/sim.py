@@ -2,16 +2,20 @@
 
 One asyncio task runs the batching loop. Each iteration is planned synchronously (admission,
 preemption, chunking), its duration comes from `CostModel`, the loop sleeps that long on the injected
-`Clock`, then delivers the iteration's results. Roles (docs/sim-engine.md has the details):
+`Clock`, then delivers the iteration's results. The scheduling decisions are the pure policy objects
+of `daemon.scheduling` (the same ones the discrete-event simulator uses), configured by a `PolicySet`
+that `configure` swaps at runtime. Roles (docs/sim-engine.md has the details):
 
-* ``prefill``: FCFS chunked prefill. A prompt is admitted when its KV fits in the free cache; an
-  iteration takes up to ``max_batched_tokens`` prompt tokens (a long prompt spans iterations, short
-  ones share one). The KV stays held after the prefill until ``release_kv`` or ``abort``.
+* ``prefill``: TetriInfer's chunked prefill (`ChunkedPrefill`): fixed ChunkSize chunks, the last partial
+  one padded, in fcfs / sjf / ljf order within PrefillSchedBatch groups. A prompt enters the chunker
+  when its KV fits in the free cache. ``chunked=False`` is vLLM's fixed-batch prefill: whole prompts up
+  to ``max_batched_tokens`` per iteration. The KV stays held until ``release_kv`` or ``abort``.
 * ``decode``: ``load_kv`` waits the emulated transfer time; ``decode`` queues the request for
-  continuous batching with vLLM's greedy admission and recompute-style preemption of the most
-  recently admitted request when the running batch outgrows the cache.
-* ``colocated``: vLLM's default prefill-first schedule: a prefill iteration whenever a waiting prompt
-  fits, otherwise one decode step over the running batch.
+  continuous batching; each iteration `admit` (greedy / reserve-static / reserve-dynamic / plan) picks
+  the newcomers, and a recompute-style preemption of the most recently admitted request is the safety
+  net when the running batch outgrows the cache.
+* ``colocated``: vLLM's default prefill-first schedule: a prefill iteration whenever `admit` lets a
+  waiting prompt in (or one is part-way through), otherwise one decode step over the running batch.
 
 Tokens are a deterministic function of (prompt, output index), `sim_token`, so any instance produces
 the same text for the same prompt.
@@ -22,10 +26,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import hashlib
+import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from daemon.scheduling.admission import Running, Waiting, admit
+from daemon.scheduling.policyset import PolicySet
+from daemon.scheduling.prefill import ChunkedPrefill, PrefillItem, order_prefill
 from workers.clock import Clock
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
 from workers.engines.costmodel import CostModel, Profile
@@ -62,6 +70,7 @@ class _State(enum.Enum):
 
 class _Seq:
     __slots__ = (
+        "arrival",
         "error",
         "filled",
         "future",
@@ -89,7 +98,8 @@ class _Seq:
         self.kv = 0  # KV tokens this request holds or has reserved
         self.target = 0  # tokens its current prefill covers (prompt + n_out at admission)
         self.filled = 0  # tokens of `target` prefilled so far
-        self.recompute = False  # decode role: preempted, its KV must be recomputed on re-admission
+        self.recompute = False  # preempted and not yet re-admitted (decode role: its KV must be rebuilt)
+        self.arrival = 0  # prefill role: arrival order, the tie-break of the prefill scheduling order
         self.queue: asyncio.Queue[int | EngineError | None] | None = None
         self.future: asyncio.Future[PrefillOutput] | None = None
         self.error: EngineError | None = None
@@ -105,6 +115,64 @@ class IterationStats:
     duration: float  # model seconds
     kv_used_tokens: int  # KV in use (held or reserved) while it runs
     requests: tuple[tuple[str, int], ...]  # (request id, tokens): prefill chunk sizes; decode 1 each
+    padding: int = 0  # prefill role, chunked: padding tokens that filled the chunk up to ChunkSize
+
+
+class _WholePrompts:
+    """Chunked prefill off (vLLM's fixed-batch prefill): whole prompts, never split nor padded, in the
+    order `ChunkedPrefill` schedules them (fcfs, or sjf / ljf within PrefillSchedBatch groups taken in
+    arrival order and sorted when first reached), up to a token budget per iteration, at least one."""
+
+    def __init__(self, policy: str, sched_batch: int) -> None:
+        self.policy, self.sched_batch = policy, sched_batch
+        self._queue: list[PrefillItem] = []  # not yet reached, arrival order
+        self._active: deque[PrefillItem] = deque()  # reached groups, in scheduling order
+
+    def configure(self, policy: str, sched_batch: int) -> None:
+        order_prefill([], policy, sched_batch)  # validates
+        self.policy, self.sched_batch = policy, sched_batch
+
+    def __len__(self) -> int:
+        return len(self._queue) + len(self._active)
+
+    def add(self, item: PrefillItem) -> None:
+        self._queue.append(item)
+
+    def remove(self, request_id: str) -> bool:
+        before = len(self)
+        self._queue = [x for x in self._queue if x.request_id != request_id]
+        self._active = deque(x for x in self._active if x.request_id != request_id)
+        return len(self) < before
+
+    def drain(self) -> list[PrefillItem]:
+        """Everything queued, in the current order; the queue is left empty."""
+        items = [*self._active, *self._queue]
+        self._queue, self._active = [], deque()
+        return items
+
+    def _take_group(self) -> None:
+        group = self._queue if self.policy == "fcfs" else self._queue[: self.sched_batch]
+        self._active.extend(order_prefill(group, self.policy, self.sched_batch))
+        self._queue = self._queue[len(group) :]
+
+    def next_batch(self, budget: int) -> list[PrefillItem]:
+        out: list[PrefillItem] = []
+        used = 0
+        while self._active or self._queue:
+            if not self._active:
+                self._take_group()
+            item = self._active[0]
+            if out and used + item.prompt_len > budget:
+                break
+            out.append(self._active.popleft())
+            used += item.prompt_len
+            if used >= budget:
+                break
+        return out
+
+
+# One planned iteration: kind, (seq, tokens, context) entries, model seconds, padding tokens.
+_Plan = tuple[str, list[tuple[_Seq, int, int]], float, int]
 
 
 class SimEngine(Engine):
@@ -117,6 +185,8 @@ class SimEngine(Engine):
         *,
         vocab_size: int | None = None,
         max_batched_tokens: int | None = None,
+        policies: PolicySet | None = None,
+        chunked: bool = True,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown role '{role}'; known roles: {', '.join(ROLES)}")
@@ -136,9 +206,22 @@ class SimEngine(Engine):
         self.kv_capacity = self.cost.kv_capacity_tokens()
         self._clock = clock
 
+        # Policies: the default set uses the iteration token budget as ChunkSize.
+        self.policies = policies if policies is not None else PolicySet(chunk_size=self.max_batched_tokens)
+        self.chunked = bool(chunked)  # prefill role: TetriInfer's chunked prefill (False: whole prompts)
+        p = self.policies
+        self._chunker = ChunkedPrefill(
+            chunk_size=p.chunk_size, policy=p.prefill_policy, sched_batch=p.prefill_sched_batch, pad=True
+        )
+        self._whole = _WholePrompts(p.prefill_policy, p.prefill_sched_batch)
+        self._chunked_applied = self.chunked  # the mode the queues are arranged for
+        self._arrivals = 0
+        self._plan_order: list[str] = []  # planned admission order (plan policy): ids not yet admitted
+        self._plan_set: set[str] = set()
+
         self._seqs: dict[str, _Seq] = {}
-        self._waiting: deque[_Seq] = deque()
-        self._prefilling: deque[_Seq] = deque()
+        self._waiting: deque[_Seq] = deque()  # prefill role: waiting for KV; others: for admission
+        self._prefilling: dict[str, _Seq] = {}  # KV reserved, prefill in progress (insertion order)
         self._running: list[_Seq] = []  # in admission order: the last is preempted first
         self._used = 0  # KV tokens held or reserved, Σ seq.kv
         self._wake = asyncio.Event()
@@ -152,8 +235,10 @@ class SimEngine(Engine):
         self.decode_iterations = 0
         self.preemptions = 0
         self.tokens_emitted = 0  # output tokens produced (prefill role: first tokens)
-        self.prompt_tokens_processed = 0  # prefill chunk tokens, recomputation included
+        self.prompt_tokens_processed = 0  # prefill chunk tokens, recomputation included, padding not
         self.recomputed_tokens = 0  # KV tokens recomputed after preemption
+        self.wasted_prefill_tokens = 0  # padding of partial chunks (prefill role, chunked)
+        self.admitted_by_policy = 0  # admissions made by the decode-admission policy (re-admissions count)
         self.busy_time = 0.0  # model seconds spent in iterations
         self.on_iteration: Callable[[IterationStats], None] | None = None
 
@@ -176,6 +261,43 @@ class SimEngine(Engine):
                 pass
         self._fail_all(EngineError(f"engine {self.instance_id} stopped"))
 
+    # --- policies ------------------------------------------------------------------------------
+
+    def configure(self, policies: PolicySet | None = None, *, chunked: bool | None = None) -> None:
+        """Hot-swap the policies (and, optionally, chunked prefill on/off). Takes effect from the next
+        iteration; the iteration in flight, prompts part-way through their prefill and the running batch
+        are not disturbed (prompts already ordered keep their order)."""
+        if policies is not None:
+            self._chunker.configure(policies.chunk_size, policies.prefill_policy, policies.prefill_sched_batch)
+            self._whole.configure(policies.prefill_policy, policies.prefill_sched_batch)
+            self.policies = policies
+        if chunked is not None:
+            self.chunked = bool(chunked)
+        self._wake.set()
+
+    def set_plan(self, order: Sequence[str]) -> None:
+        """The planned admission order for the ``plan`` policy: request ids not yet admitted (ids already
+        admitted are ignored; admitted, finished and aborted ids leave the plan). The plan waits for a
+        planned id that has not arrived; waiting requests the plan does not name come after it."""
+        admitted = (_State.PREFILLING, _State.RUNNING, _State.HELD)
+        kept: list[str] = []
+        for rid in dict.fromkeys(order):
+            seq = self._seqs.get(rid)
+            if seq is None or seq.state not in admitted:
+                kept.append(rid)
+        self._plan_order = kept
+        self._plan_set = set(kept)
+        self._wake.set()
+
+    def policy_stats(self) -> dict[str, int]:
+        return {
+            "preemptions": self.preemptions,
+            "wasted_prefill_tokens": self.wasted_prefill_tokens,
+            "prefill_iterations": self.prefill_iterations,
+            "decode_iterations": self.decode_iterations,
+            "admitted_by_policy": self.admitted_by_policy,
+        }
+
     # --- Engine API ----------------------------------------------------------------------------
 
     async def prefill(self, req: EngineRequest) -> PrefillOutput:
@@ -184,6 +306,8 @@ class SimEngine(Engine):
         seq = self._admit_new(req, _State.WAITING)
         future: asyncio.Future[PrefillOutput] = asyncio.get_running_loop().create_future()
         seq.future = future
+        self._arrivals += 1
+        seq.arrival = self._arrivals
         self._waiting.append(seq)
         self._wake.set()
         try:
@@ -315,6 +439,7 @@ class SimEngine(Engine):
         self._used -= seq.kv
         seq.kv = 0
         seq.state = _State.DONE
+        self._unplan(seq.rid)
         if self._seqs.get(seq.rid) is seq:
             del self._seqs[seq.rid]
         if seq.queue is not None:
@@ -329,13 +454,16 @@ class SimEngine(Engine):
         if state is _State.WAITING:
             self._waiting.remove(seq)
         elif state is _State.PREFILLING:
-            self._prefilling.remove(seq)
+            del self._prefilling[seq.rid]
+            if self.role == "prefill" and not self._chunker.remove(seq.rid):
+                self._whole.remove(seq.rid)
         elif state is _State.RUNNING:
             self._running.remove(seq)
         self._used -= seq.kv
         seq.kv = 0
         seq.state = _State.DONE
         seq.error = error
+        self._unplan(seq.rid)
         if self._seqs.get(seq.rid) is seq:
             del self._seqs[seq.rid]
         if seq.queue is not None:
@@ -376,7 +504,7 @@ class SimEngine(Engine):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                kind, batch, duration = plan
+                kind, batch, duration, padding = plan
                 self.iterations += 1
                 if kind == "prefill":
                     self.prefill_iterations += 1
@@ -391,6 +519,7 @@ class SimEngine(Engine):
                             duration=duration,
                             kv_used_tokens=self._used,
                             requests=tuple((seq.rid, n) for seq, n, _ in batch),
+                            padding=padding,
                         )
                     )
                 await self._clock.sleep(duration)
@@ -405,63 +534,184 @@ class SimEngine(Engine):
             self._fail_all(EngineError(f"engine {self.instance_id} failed: {exc!r}"))
             raise
 
-    def _plan(self) -> tuple[str, list[tuple[_Seq, int, int]], float] | None:
+    def _plan(self) -> _Plan | None:
         if self.role == "prefill":
-            return self._plan_prefill()
+            return self._plan_prefill_role()
         if self.role == "decode":
             return self._plan_decode(admit=True)
-        return self._plan_prefill() or self._plan_decode(admit=False)
+        return self._plan_colocated_prefill() or self._plan_decode(admit=False)
 
-    def _plan_prefill(self) -> tuple[str, list[tuple[_Seq, int, int]], float] | None:
-        """Chunks (seq, tokens, context) for one prefill iteration: in-progress prompts first, then FCFS
-        admission of waiting prompts whose whole KV fits, within the token budget."""
+    # --- prefill role ----------------------------------------------------------------------------
+
+    def _sync_prefill_mode(self) -> None:
+        """Apply a chunked on/off switch: move the prompts not started yet to the other queue. Prompts
+        part-way through a chunked prefill stay in the chunker and finish there."""
+        if self.chunked == self._chunked_applied:
+            return
+        self._chunked_applied = self.chunked
+        if self.chunked:
+            for item in self._whole.drain():
+                self._chunker.add(item)
+            return
+        for seq in self._prefilling.values():
+            if seq.filled == 0 and self._chunker.remove(seq.rid):
+                self._whole.add(PrefillItem(seq.rid, seq.prompt_len, seq.arrival))
+
+    def _plan_prefill_role(self) -> _Plan | None:
+        """KV admission (FIFO: a prompt enters the scheduler when its whole KV fits in the free cache; the
+        head blocks those behind it), then the scheduler's next iteration: a ChunkSize chunk (padded) from
+        `ChunkedPrefill`, or, chunked off, whole prompts up to ``max_batched_tokens``."""
+        self._sync_prefill_mode()
+        while self._waiting and len(self._prefilling) < self.max_num_seqs:
+            seq = self._waiting[0]
+            if self._used + seq.prompt_len > self.kv_capacity:
+                break
+            self._waiting.popleft()
+            seq.state = _State.PREFILLING
+            seq.target = seq.prompt_len
+            seq.filled = 0
+            seq.kv = seq.prompt_len
+            self._used += seq.prompt_len
+            self._prefilling[seq.rid] = seq
+            (self._chunker if self.chunked else self._whole).add(PrefillItem(seq.rid, seq.prompt_len, seq.arrival))
+        if len(self._chunker):  # chunked; or chunked off with prompts it had started
+            step = self._chunker.next_chunk()
+            assert step is not None
+            chunk, _ = step
+            batch = [(self._prefilling[rid], n, first) for rid, first, n in chunk.pieces]
+            # Padding costs compute: it extends the last piece up to ChunkSize.
+            costs = [(n, first) for _, first, n in chunk.pieces]
+            costs[-1] = (costs[-1][0] + chunk.padding, costs[-1][1])
+            self.wasted_prefill_tokens += chunk.padding
+            return "prefill", batch, self.cost.prefill_batch_time(costs), chunk.padding
+        if len(self._whole):
+            items = self._whole.next_batch(self.max_batched_tokens)
+            batch = [(self._prefilling[x.request_id], x.prompt_len, 0) for x in items]
+            return "prefill", batch, self.cost.prefill_batch_time((n, 0) for _, n, _ in batch), 0
+        return None
+
+    # --- colocated role: prefill-first ---------------------------------------------------------------
+
+    def _plan_colocated_prefill(self) -> _Plan | None:
+        """Chunks (seq, tokens, context) for one prefill iteration: in-progress prompts first, then the
+        waiting prompts the admission policy lets in, in its order, within the token budget."""
         budget = self.max_batched_tokens
         batch: list[tuple[_Seq, int, int]] = []
-        for seq in self._prefilling:
+        for seq in self._prefilling.values():
             if budget == 0:
                 break
             n = min(budget, seq.target - seq.filled)
             batch.append((seq, n, seq.filled))
             budget -= n
-        while budget > 0 and self._waiting:
-            seq = self._waiting[0]
-            need = seq.prompt_len + seq.n_out  # the prompt, plus output so far when recomputing
-            if self._used + need > self.kv_capacity:
-                break
-            if len(self._running) + len(self._prefilling) >= self.max_num_seqs:
-                break
-            self._waiting.popleft()
-            seq.state = _State.PREFILLING
-            seq.target = need
-            seq.filled = 0
-            seq.kv = need
-            self._used += need
-            if seq.n_out > 0:
-                self.recomputed_tokens += need
-            self._prefilling.append(seq)
-            n = min(budget, need)
-            batch.append((seq, n, 0))
-            budget -= n
+        if budget > 0:
+            for seq in self._policy_admissions():
+                if budget == 0:
+                    break
+                self._take_waiting(seq)
+                need = seq.prompt_len + seq.n_out  # the prompt, plus output so far when recomputing
+                seq.state = _State.PREFILLING
+                seq.target = need
+                seq.filled = 0
+                seq.kv = need
+                seq.recompute = False
+                self._used += need
+                if seq.n_out > 0:
+                    self.recomputed_tokens += need
+                self._prefilling[seq.rid] = seq
+                n = min(budget, need)
+                batch.append((seq, n, 0))
+                budget -= n
         if not batch:
             return None
         duration = self.cost.prefill_batch_time((n, context) for _, n, context in batch)
-        return "prefill", batch, duration
+        return "prefill", batch, duration, 0
 
-    def _plan_decode(self, *, admit: bool) -> tuple[str, list[tuple[_Seq, int, int]], float] | None:
+    # --- admission (decode and colocated roles) ------------------------------------------------------
+
+    def _predicted_total(self, seq: _Seq) -> int:
+        pred = seq.req.predicted_output
+        return pred[0] if pred is not None else seq.max_tokens
+
+    def _remaining(self, seq: _Seq) -> int:
+        """Predicted tokens still to produce: each is one more KV slot (colocated: the token the prefill
+        produces takes none, so a request not decoding yet needs one fewer)."""
+        left = self._predicted_total(seq) - seq.n_out
+        if self.role == "colocated" and seq.state is not _State.RUNNING:
+            left -= 1
+        return max(1, left)
+
+    def _waiting_context(self, seq: _Seq) -> int:
+        if self.role == "colocated":
+            return seq.prompt_len + seq.n_out  # its prefill: the prompt, plus output so far when recomputing
+        return seq.prompt_len + seq.n_out - 1  # decode: the prompt and the output tokens fed so far
+
+    def _plan_candidates(self, room: int) -> list[str]:
+        """The plan policy's order: preempted requests first, then the plan, then unplanned waiting ones."""
+        planned = self._plan_set
+        preempted = [s.rid for s in self._waiting if s.recompute and s.rid not in planned]
+        rest = [s.rid for s in self._waiting if not s.recompute and s.rid not in planned]
+        return [*preempted, *self._plan_order, *rest][:room]
+
+    def _policy_admissions(self) -> list[_Seq]:
+        """The waiting requests the decode-admission policy admits now, in order (still queued). Each
+        would also fit in the next step's memory now."""
+        room = self.max_num_seqs - len(self._running) - len(self._prefilling)
+        if room <= 0 or not self._waiting:
+            return []
+        policy = self.policies.decode_admission
+        order: list[str] | None = None
+        if policy == "plan":
+            order = self._plan_candidates(room)
+            by_id = {s.rid: s for s in self._waiting}
+            candidates = [by_id[rid] for rid in order if rid in by_id]
+        else:
+            candidates = list(itertools.islice(self._waiting, room))
+        active = itertools.chain(self._prefilling.values(), self._running)
+        running = [Running(s.rid, s.kv, self._remaining(s)) for s in active]
+        waiting = [Waiting(s.rid, self._waiting_context(s), self._remaining(s)) for s in candidates]
+        ids = admit(policy, running, waiting, self.kv_capacity, self.max_num_seqs, order)
+        if not ids:
+            return []
+        chosen = {s.rid: s for s in candidates}
+        # Guard: never admit what does not fit in the next step now (greedy and reserve already ensure it).
+        step = self._used + len(running)
+        out: list[_Seq] = []
+        for rid in ids:
+            seq = chosen[rid]
+            step += self._waiting_context(seq) + 1
+            if step > self.kv_capacity:
+                break
+            out.append(seq)
+        return out
+
+    def _take_waiting(self, seq: _Seq) -> None:
+        """Move an admitted request out of the waiting queue (and the plan)."""
+        if self._waiting and self._waiting[0] is seq:
+            self._waiting.popleft()
+        else:
+            self._waiting.remove(seq)
+        self.admitted_by_policy += 1
+        self._unplan(seq.rid)
+
+    def _unplan(self, rid: str) -> None:
+        if rid in self._plan_set:
+            self._plan_set.discard(rid)
+            self._plan_order.remove(rid)
+
+    # --- decode ------------------------------------------------------------------------------------
+
+    def _plan_decode(self, *, admit: bool) -> _Plan | None:
         """One decode step over the running batch. Each running request feeds its last token, which
         needs one more KV slot: preempt the most recently admitted while the step would overflow the
-        cache, then (decode role) admit waiting requests FCFS while their KV and the step's fit."""
+        cache, then (decode role) admit the waiting requests the admission policy picks."""
         running = self._running
         while running and self._used + len(running) > self.kv_capacity:
             self._preempt(running.pop())
         extra = 0.0
         if admit:
-            while self._waiting and len(running) < self.max_num_seqs:
-                seq = self._waiting[0]
+            for seq in self._policy_admissions():
+                self._take_waiting(seq)
                 cached = seq.prompt_len + seq.n_out - 1  # prompt + output tokens fed so far
-                if self._used + len(running) + cached + 1 > self.kv_capacity:
-                    break
-                self._waiting.popleft()
                 seq.state = _State.RUNNING
                 seq.kv = cached
                 self._used += cached
@@ -479,7 +729,7 @@ class SimEngine(Engine):
             batch.append((seq, 1, 0))
         self._used += len(running)
         duration = self.cost.decode_step_time(len(batch), self._used) + extra
-        return "decode", batch, duration
+        return "decode", batch, duration, 0
 
     def _preempt(self, seq: _Seq) -> None:
         self._used -= seq.kv
@@ -503,10 +753,7 @@ class SimEngine(Engine):
             self.prompt_tokens_processed += n
             if seq.filled < seq.target:
                 continue
-            if self._prefilling[0] is seq:
-                self._prefilling.popleft()
-            else:
-                self._prefilling.remove(seq)
+            del self._prefilling[seq.rid]
             token = self._emit(seq)
             emitted += 1
             if self.role == "prefill":
