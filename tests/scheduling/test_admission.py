@@ -137,10 +137,18 @@ def test_reserve_dynamic_never_admits_less_than_static_nor_more_than_greedy(
     greedy = admit("greedy", running, waiting, capacity)
     assert dynamic[: len(static)] == static
     assert greedy[: len(dynamic)] == dynamic
-    if dynamic:  # memory suffices until the first job (possibly an admitted one) finishes
+    alone = not running and len(dynamic) == 1  # admitted alone: allowed even if its prediction overflows
+    if dynamic and not alone:  # memory suffices until the first job (possibly an admitted one) finishes
         batch: list[Running | Waiting] = [*running, *pick(waiting, dynamic)]
         first_done = min(x.remaining for x in batch)
         assert max(simulate(batch)[:first_done]) <= capacity
+
+
+def test_reserve_policies_admit_a_lone_request_that_fits_now():
+    """A prediction above capacity must not block an idle instance's queue forever; the engine's
+    preemption fallback covers a wrong guess."""
+    for policy in ("reserve-static", "reserve-dynamic"):
+        assert admit(policy, [], [Waiting("big", 10, 500), Waiting("next", 1, 1)], capacity=100) == ["big"]
 
 
 # --- all of them --------------------------------------------------------------------------------
