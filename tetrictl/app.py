@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import cluster_cmd, plan_cmd
+from . import bench_cmd, cluster_cmd, plan_cmd
 
 app = typer.Typer(
     name="tetrictl",
@@ -16,6 +16,7 @@ app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(cluster_cmd.daemon_app, name="daemon")
 app.add_typer(cluster_cmd.worker_app, name="worker")
 app.command("up")(cluster_cmd.up)
+app.command("bench")(bench_cmd.bench)
 
 
 def main() -> None:

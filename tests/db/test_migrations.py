@@ -51,8 +51,12 @@ def test_upgrade_from_the_previous_revision_keeps_rows(tmp_path: Path) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO requests (id, model, phase, status, arrival_ts, prompt_tokens, "
-                              "max_tokens, output_tokens) VALUES ('r1', 'm', 'done', 'finished', 1.0, 3, 4, 4)"))
+            conn.execute(
+                text(
+                    "INSERT INTO requests (id, model, phase, status, arrival_ts, prompt_tokens, "
+                    "max_tokens, output_tokens) VALUES ('r1', 'm', 'done', 'finished', 1.0, 3, 4, 4)"
+                )
+            )
     finally:
         engine.dispose()
     migrate(url)

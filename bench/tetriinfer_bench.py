@@ -1,0 +1,87 @@
+"""TetriInfer vs vanilla vLLM on the discrete-event simulator: the paper's table, the ablations, a
+sensitivity study of the comparison's setup, and the simulator's speed.
+
+    python bench/tetriinfer_bench.py                    # everything (about a minute)
+    python bench/tetriinfer_bench.py --only table       # table | ablations | sensitivity | speed
+
+Pin it to one core for the speed figures: ``taskset -c 0 python bench/tetriinfer_bench.py --only speed``.
+Prints rich tables; asserts nothing (tests/des asserts behaviour). docs/bench.md records the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from daemon.des.cluster import simulate
+from daemon.des.experiments import BenchSetup, run_ablations, run_bench, speed_workload, vanilla_config
+from daemon.des.workloads import WORKLOADS
+from tetrictl.bench_cmd import print_ablations, print_tables
+from tetrictl.output import table
+
+
+def paper_table(seed: int) -> None:
+    print_tables(run_bench(WORKLOADS, BenchSetup(seed=seed)))
+
+
+def ablations(seed: int) -> None:
+    print_ablations(run_ablations(BenchSetup(seed=seed)))
+
+
+def sensitivity(seed: int) -> None:
+    """The same comparison under other readings of the paper's setup (unpublished, see docs/bench.md)."""
+    variants = [
+        ("1P+1D vs vLLM ×2, Poisson 0.8 (default)", BenchSetup(seed=seed)),
+        ("1P+1D vs vLLM ×2, burst", BenchSetup(seed=seed, burst=True)),
+        ("1P+1D vs vLLM ×1, Poisson 0.8", BenchSetup(seed=seed, vanilla_instances=1)),
+        ("1P+1D vs vLLM ×1, burst", BenchSetup(seed=seed, vanilla_instances=1, burst=True)),
+        ("1P+3D vs vLLM ×4, Poisson 0.8", BenchSetup(seed=seed, instances=4, prefill_instances=1)),
+    ]
+    rows = []
+    for label, setup in variants:
+        doc = run_bench(WORKLOADS, setup)
+        for w in doc["workloads"]:
+            c = w["change"]
+            rows.append(
+                (
+                    label,
+                    w["workload"],
+                    *[f"{c[k]:+.0%}" for k in ("avg_ttft_s", "avg_jct_s", "resource_usage_s")],
+                    f"{c['perf_per_dollar']:.2f}×",
+                )
+            )
+    table("sensitivity: TetriInfer's change vs vLLM", ["setup", "workload", "TTFT", "JCT", "resources", "perf/$"], rows)
+
+
+def speed(seed: int) -> None:
+    rows = []
+    for profile in ("opt-13b-v100", "llama3-8b-h100"):
+        requests, tetri = speed_workload(10_000, 32, seed, profile)
+        for label, cfg in (
+            ("TetriInfer 16P+16D", tetri),
+            ("vLLM ×32", vanilla_config(BenchSetup(profile=profile, instances=32))),
+        ):
+            t0 = time.perf_counter()
+            res = simulate(requests, cfg)
+            wall = time.perf_counter() - t0
+            rows.append((profile, label, len(requests), res.events, res.makespan, wall, res.events / wall))
+    table(
+        "DES speed: 10,000 Mixed requests on 32 instances (one process)",
+        ["profile", "system", "requests", "events", "model time (s)", "wall (s)", "events/s"],
+        rows,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=["table", "ablations", "sensitivity", "speed"])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    parts = {"table": paper_table, "ablations": ablations, "sensitivity": sensitivity, "speed": speed}
+    for name, fn in parts.items():
+        if args.only in (None, name):
+            fn(args.seed)
+
+
+if __name__ == "__main__":
+    main()

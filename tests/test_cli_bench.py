@@ -1,0 +1,73 @@
+"""`tetrictl bench` as a user runs it: a real subprocess, one JSON document, a PNG, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.des.metrics import HEADLINE
+from tetrictl import exitcodes
+
+
+def tetrictl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tetrictl.app", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_json_has_both_systems_and_every_metric():
+    r = tetrictl("bench", "--workloads", "LPLD", "-n", "32", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # exactly one document
+    assert r.stderr == ""  # no progress bar under --json
+    assert doc["mode"] == "des" and doc["setup"]["n"] == 32 and doc["setup"]["profile"] == "opt-13b-v100"
+    (row,) = doc["workloads"]
+    assert row["workload"] == "LPLD" and row["rate_rps"] > 0
+    keys = {k for k, _, _ in HEADLINE}
+    assert {m["key"] for m in doc["metrics"]} == keys
+    for system in ("TetriInfer", "vLLM"):
+        m = row["systems"][system]
+        assert keys <= set(m) and m["n"] == 32
+        assert 0 < m["avg_ttft_s"] <= m["avg_jct_s"]
+    assert set(row["change"]) == keys
+    assert "ablations" not in doc
+
+
+def test_plot_and_table(tmp_path: Path):
+    png = tmp_path / "bench.png"
+    r = tetrictl("bench", "--workloads", "lpld,HPLD", "-n", "16", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "TetriInfer" in r.stdout and "vLLM" in r.stdout and "HPLD" in r.stdout
+
+
+def test_json_with_plot_and_burst(tmp_path: Path):
+    png = tmp_path / "b.png"
+    r = tetrictl("bench", "--workloads", "Mixed", "-n", "16", "--burst", "--plot", str(png), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["plot"] == str(png) and png.exists()
+    assert doc["workloads"][0]["rate_rps"] is None and doc["setup"]["arrivals"] == "burst at t = 0"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--workloads", "LPLD,XPXD"], "unknown workload"),
+        (["-n", "0"], "-n"),
+        (["-n", "-3"], "-n"),
+        (["--instances", "1"], "instances"),
+        (["--profile", "no-such-gpu"], "unknown profile"),
+        (["--price", "0"], "price"),
+        (["--prefill-instances", "2"], "prefill instances"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], needle: str):
+    r = tetrictl("bench", "--workloads", "LPLD", "-n", "8", *args, "--json")
+    assert r.returncode == exitcodes.USAGE, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0]
+    assert "Traceback" not in r.stderr

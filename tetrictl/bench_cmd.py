@@ -1,0 +1,208 @@
+"""`tetrictl bench`: TetriInfer vs vanilla vLLM on the paper's workloads, from the terminal.
+
+A thin shell over `daemon.des.experiments`: it validates input, runs the discrete-event simulator (the
+only mode for now; a live mode will run the same experiments against a cluster), prints the paper-style
+table and optionally the ablations, and draws a PNG.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from daemon.des.experiments import TETRI, VANILLA, BenchSetup, run_ablations, run_bench
+from daemon.des.workloads import WORKLOADS, WorkloadSpecError, check_workload_name
+from workers.engines.costmodel import load_profile
+
+from .output import print_json, progress, table, user_errors
+
+
+def bench(
+    workloads: Annotated[
+        str, typer.Option("--workloads", help=f"Comma-separated workloads from {', '.join(WORKLOADS)}.")
+    ] = ",".join(WORKLOADS),
+    n: Annotated[int, typer.Option("-n", help="Requests per workload.")] = 128,
+    instances: Annotated[int, typer.Option("--instances", help="GPUs per system (one instance each), ≥ 2.")] = 2,
+    prefill_instances: Annotated[
+        int | None, typer.Option("--prefill-instances", help="TetriInfer prefill instances (default: half).")
+    ] = None,
+    vanilla_instances: Annotated[
+        int | None, typer.Option("--vanilla-instances", help="vLLM instances (default: --instances).")
+    ] = None,
+    profile: Annotated[str, typer.Option("--profile", help="Cost-model profile (profiles.toml).")] = "opt-13b-v100",
+    seed: Annotated[int, typer.Option("--seed", help="Seed for lengths, arrivals, predictor and dispatch.")] = 0,
+    price: Annotated[float, typer.Option("--price", help="Dollars per GPU-hour, for perf/$.")] = 2.0,
+    load: Annotated[
+        float, typer.Option("--load", help="Arrival rate as a fraction of vLLM's saturated throughput.")
+    ] = 0.8,
+    burst: Annotated[bool, typer.Option("--burst", help="All requests arrive at t = 0 (ignores --load).")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG, one panel per metric.")] = None,
+    ablations: Annotated[
+        bool, typer.Option("--ablations", help="Also run the chunking, predictor and flip ablations.")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
+) -> None:
+    """TetriInfer vs vanilla vLLM (DES): TTFT, JCT, resource usage and perf/$ per workload."""
+    with user_errors():
+        names = [check_workload_name(w) for w in workloads.split(",") if w.strip()]
+        if not names:
+            raise WorkloadSpecError("--workloads names no workload")
+        try:
+            load_profile(profile)
+        except ValueError as e:
+            raise WorkloadSpecError(str(e)) from None
+        setup = BenchSetup(
+            profile=profile,
+            instances=instances,
+            prefill_instances=prefill_instances,
+            vanilla_instances=vanilla_instances,
+            n=n,
+            seed=seed,
+            price=price,
+            load=load,
+            burst=burst,
+        )
+        if plot is not None and plot.parent and not plot.parent.is_dir():
+            raise WorkloadSpecError(f"cannot write the plot: {plot.parent} is not a directory")
+    total = len(names) + (3 if ablations else 0)
+    with progress("bench", json_out) as bar:
+        doc = run_bench(names, setup, progress=bar)
+        if ablations:
+            doc["ablations"] = run_ablations(setup, progress=lambda k, _: bar(len(names) + k, total))
+    if plot is not None:
+        with user_errors():
+            write_plot(doc, plot)
+        doc["plot"] = str(plot)
+    if json_out:
+        print_json(doc)
+        return
+    print_tables(doc)
+    if plot is not None:
+        typer.echo(f"plot written to {plot}")
+
+
+def _change(key: str, v: float | None) -> str:
+    if v is None:
+        return "—"
+    if key == "perf_per_dollar":
+        return f"{v:.2f}×"
+    return f"{v:+.0%}".replace("-", "−")
+
+
+def print_tables(doc: dict[str, Any]) -> None:
+    s = doc["setup"]
+    metrics = doc["metrics"]
+    split = s["tetri_split"]
+    arrivals = "burst at t = 0" if s["load"] is None else f"Poisson at {s['load']:g} × vLLM's saturated rate"
+    head = (
+        f"{s['profile']}, n = {s['n']}, seed {s['seed']}, {arrivals}; TetriInfer {split['prefill']}P+{split['decode']}D"
+        f" vs vLLM ×{s['vanilla_instances']}"
+    )
+    table(
+        f"TetriInfer vs vLLM (DES): change — {head}",
+        ["workload", *[m["label"] for m in metrics]],
+        [(w["workload"], *[_change(m["key"], w["change"][m["key"]]) for m in metrics]) for w in doc["workloads"]],
+    )
+    rows = []
+    for w in doc["workloads"]:
+        rate = "burst" if w["rate_rps"] is None else f"{w['rate_rps']:.3g}/s"
+        for system in (TETRI, VANILLA):
+            m = w["systems"][system]
+            rows.append((w["workload"], rate, system, *[m[x["key"]] for x in metrics], m["preemptions"]))
+    table("absolute values", ["workload", "rate", "system", *[m["label"] for m in metrics], "preemptions"], rows)
+    if "ablations" in doc:
+        print_ablations(doc["ablations"])
+
+
+def print_ablations(a: dict[str, Any]) -> None:
+    c = a["chunking"]
+    table(
+        f"ablation 1 — prefill: chunked vs fixed batch × fcfs/sjf, {c['workload']}, n = {c['n']}",
+        ["prefill", "order", "avg prefill latency (s)", "vs fixed+fcfs", "avg prefill wait (s)", "wait vs fcfs", "pad"],
+        [
+            (
+                r["prefill"],
+                r["order"],
+                r["avg_prefill_latency_s"],
+                _change("", r["latency_change_vs_fixed_fcfs"]),
+                r["avg_prefill_wait_s"],
+                _change("", r["wait_change_vs_fcfs"]),
+                r["padding_tokens"],
+            )
+            for r in c["rows"]
+        ],
+    )
+    p = a["predictor"]
+    table(
+        f"ablation 2 — predictor × decode admission, {p['workload']} at {p['rate_rps']:.3g}/s, n = {p['n']}",
+        ["predictor", "admission", "avg JCT (s)", "p99 JCT (s)", "preemptions", "recomputed", "makespan (s)"],
+        [
+            (
+                r["predictor"],
+                r["admission"],
+                r["avg_jct_s"],
+                r["p99_jct_s"],
+                r["preemptions"],
+                r["recomputed_tokens"],
+                r["makespan_s"],
+            )
+            for r in p["rows"]
+        ],
+    )
+    f = a["flip"]
+    split = f["start_split"]
+    table(
+        f"ablation 3 — instance flips, {f['workload']}, start {split['prefill']}P+{split['decode']}D,"
+        f" window {f['window_s']:g}s",
+        ["system", "avg TTFT (s)", "avg JCT (s)", "p99 JCT (s)", "makespan (s)", "usage (GPU·s)", "flips"],
+        [
+            (
+                r["system"],
+                r["avg_ttft_s"],
+                r["avg_jct_s"],
+                r["p99_jct_s"],
+                r["makespan_s"],
+                r["resource_usage_s"],
+                ", ".join(f"{x['instance']} {x['from']}→{x['to']} at {x['done_s']:.0f}s" for x in r["flips"]) or "—",
+            )
+            for r in f["rows"]
+        ],
+    )
+
+
+def write_plot(doc: dict[str, Any], path: Path) -> None:
+    """One panel per headline metric: grouped bars (TetriInfer, vLLM) per workload, on log scales (the
+    workloads differ by orders of magnitude)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    metrics = doc["metrics"]
+    rows = doc["workloads"]
+    names = [w["workload"] for w in rows]
+    x = np.arange(len(names))
+    cols = 3
+    nrows = (len(metrics) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
+    for k, m in enumerate(metrics):
+        ax = axes[k // cols][k % cols]
+        for j, system in enumerate((TETRI, VANILLA)):
+            vals = [w["systems"][system][m["key"]] for w in rows]
+            ax.bar(x + (j - 0.5) * 0.38, vals, 0.38, label=system)
+        label = m["label"].replace("$", r"\$")  # not mathtext
+        ax.set_title(f"{label} ({m['better']} is better)", fontsize=9)
+        ax.set_xticks(x, names, fontsize=8)
+        ax.set_yscale("log")
+        ax.tick_params(axis="y", labelsize=8)
+    for k in range(len(metrics), nrows * cols):
+        axes[k // cols][k % cols].axis("off")
+    axes[0][0].legend(fontsize=8)
+    s = doc["setup"]
+    fig.suptitle(f"TetriInfer vs vLLM (DES) — {s['profile']}, n = {s['n']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
