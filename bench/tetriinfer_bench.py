@@ -2,7 +2,7 @@
 sensitivity study of the comparison's setup, and the simulator's speed.
 
     python bench/tetriinfer_bench.py                    # everything (about a minute)
-    python bench/tetriinfer_bench.py --only table       # table | ablations | sensitivity | speed
+    python bench/tetriinfer_bench.py --only table       # table | ablations | sensitivity | speed | agreement
 
 Pin it to one core for the speed figures: ``taskset -c 0 python bench/tetriinfer_bench.py --only speed``.
 Prints rich tables; asserts nothing (tests/des asserts behaviour). docs/bench.md records the output.
@@ -14,9 +14,21 @@ import argparse
 import time
 
 from daemon.des.cluster import simulate
-from daemon.des.experiments import BenchSetup, run_ablations, run_bench, speed_workload, vanilla_config
+from daemon.des.experiments import (
+    BenchSetup,
+    calibrated_rate,
+    des_runner,
+    requests_for,
+    run_ablations,
+    run_bench,
+    speed_workload,
+    tetri_config,
+    vanilla_config,
+)
+from daemon.des.metrics import summarize
 from daemon.des.workloads import WORKLOADS
 from tetrictl.bench_cmd import print_ablations, print_tables
+from tetrictl.bench_live import live_runner
 from tetrictl.output import table
 
 
@@ -72,12 +84,41 @@ def speed(seed: int) -> None:
     )
 
 
+def agreement(seed: int) -> None:
+    """The same requests on the simulator and on live sim clusters (real processes; minutes)."""
+    rows = []
+    for name, n, scale in (("LPLD", 32, 1.0), ("Mixed", 32, 2.0), ("LPHD", 16, 2.0)):
+        setup = BenchSetup(profile="opt-13b-v100", instances=2, n=n, seed=seed)
+        requests = requests_for(name, setup, calibrated_rate(name, setup, des_runner))
+        for system, config in (("TetriInfer", tetri_config(setup)), ("vLLM", vanilla_config(setup))):
+            d = summarize(des_runner(requests, config))
+            live = summarize(live_runner(scale)(requests, config))
+            rows.append(
+                [f"{name}, {n}, {scale:g}x", system]
+                + [
+                    f"{d[k]:.3f} → {live[k]:.3f} ({live[k] / d[k]:.2f})"
+                    for k in ("avg_ttft_s", "avg_jct_s", "makespan_s")
+                ]
+            )
+    table(
+        "Live vs simulated (simulated → live, ratio)",
+        ["workload, n, time scale", "system", "avg TTFT s", "avg JCT s", "makespan s"],
+        rows,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["table", "ablations", "sensitivity", "speed"])
+    ap.add_argument("--only", choices=["table", "ablations", "sensitivity", "speed", "agreement"])
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    parts = {"table": paper_table, "ablations": ablations, "sensitivity": sensitivity, "speed": speed}
+    parts = {
+        "table": paper_table,
+        "ablations": ablations,
+        "sensitivity": sensitivity,
+        "speed": speed,
+        "agreement": agreement,
+    }
     for name, fn in parts.items():
         if args.only in (None, name):
             fn(args.seed)

@@ -1,8 +1,8 @@
 """`tetrictl bench`: TetriInfer vs vanilla vLLM on the paper's workloads, from the terminal.
 
-A thin shell over `daemon.des.experiments`: it validates input, runs the discrete-event simulator (the
-only mode for now; a live mode will run the same experiments against a cluster), prints the paper-style
-table and optionally the ablations, and draws a PNG.
+A thin shell over `daemon.des.experiments`: it validates input, runs the experiments on the discrete-
+event simulator (`--mode des`) or on live sim clusters started on loopback (`--mode live`, `bench_live`),
+prints the paper-style table and optionally the ablations (simulator only), and draws a PNG.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from typing import Annotated, Any
 
 import typer
 
-from daemon.des.experiments import TETRI, VANILLA, BenchSetup, run_ablations, run_bench
+from daemon.des.experiments import TETRI, VANILLA, BenchSetup, des_runner, run_ablations, run_bench
 from daemon.des.workloads import WORKLOADS, WorkloadSpecError, check_workload_name
 from workers.engines.costmodel import load_profile
 
+from .bench_live import live_runner
 from .output import print_json, progress, table, user_errors
 
 
@@ -42,9 +43,15 @@ def bench(
     ablations: Annotated[
         bool, typer.Option("--ablations", help="Also run the chunking, predictor and flip ablations.")
     ] = False,
+    mode: Annotated[
+        str, typer.Option("--mode", help="des (the simulator) or live (daemon + sim workers on loopback).")
+    ] = "des",
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="live: model seconds per wall second of the sim workers.")
+    ] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
 ) -> None:
-    """TetriInfer vs vanilla vLLM (DES): TTFT, JCT, resource usage and perf/$ per workload."""
+    """TetriInfer vs vanilla vLLM: TTFT, JCT, resource usage and perf/$ per workload (DES or live)."""
     with user_errors():
         names = [check_workload_name(w) for w in workloads.split(",") if w.strip()]
         if not names:
@@ -64,11 +71,18 @@ def bench(
             load=load,
             burst=burst,
         )
+        if mode not in ("des", "live"):
+            raise WorkloadSpecError(f"--mode must be des or live, not {mode!r}")
+        if mode == "live" and ablations:
+            raise WorkloadSpecError("--ablations run on the simulator only (--mode des)")
+        if not time_scale > 0:
+            raise WorkloadSpecError("--time-scale must be positive")
         if plot is not None and plot.parent and not plot.parent.is_dir():
             raise WorkloadSpecError(f"cannot write the plot: {plot.parent} is not a directory")
     total = len(names) + (3 if ablations else 0)
     with progress("bench", json_out) as bar:
-        doc = run_bench(names, setup, progress=bar)
+        runner = live_runner(time_scale) if mode == "live" else des_runner
+        doc = run_bench(names, setup, runner, progress=bar, mode=mode)
         if ablations:
             doc["ablations"] = run_ablations(setup, progress=lambda k, _: bar(len(names) + k, total))
     if plot is not None:

@@ -146,8 +146,8 @@ def bench_workload(
 ) -> dict[str, Any]:
     """TetriInfer vs vLLM on one workload: metrics of both and TetriInfer's relative change."""
     name = check_workload_name(name)
-    if rate is None:
-        rate = math.inf if setup.burst else calibrated_rate(name, setup, runner)
+    if rate is None:  # the arrival rate is part of the workload: calibrated on the simulator, whatever runs it
+        rate = math.inf if setup.burst else calibrated_rate(name, setup, des_runner)
     requests = requests_for(name, setup, rate)
     tetri = summarize(runner(requests, tetri_config(setup)), setup.price)
     vanilla = summarize(runner(requests, vanilla_config(setup)), setup.price)
@@ -165,6 +165,7 @@ def run_bench(
     setup: BenchSetup | None = None,
     runner: Runner = des_runner,
     progress: Progress = _noop,
+    mode: str = "des",
 ) -> dict[str, Any]:
     """The paper's end-to-end table (§5) for each workload, plus the setup that produced it."""
     setup = setup or BenchSetup()
@@ -174,7 +175,7 @@ def run_bench(
         rows.append(bench_workload(name, setup, runner))
         progress(k + 1, len(names))
     return {
-        "mode": "des",
+        "mode": mode,
         "setup": {
             "profile": setup.profile,
             "instances": setup.instances,
