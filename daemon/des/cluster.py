@@ -52,7 +52,7 @@ from daemon.scheduling.dispatch import DecodeLoad, dispatch
 from daemon.scheduling.flip import FlipDecision, InstanceView, TransitionWatcher
 from daemon.scheduling.policyset import PolicySet
 from daemon.scheduling.predictor import OraclePredictor, make_predictor
-from daemon.scheduling.prefill import ChunkedPrefill, PrefillItem, order_prefill
+from daemon.scheduling.prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
 from daemon.scheduling.routing import InstanceLoad, least_loaded
 from workers.engines.costmodel import CostModel, Profile, load_profile
 
@@ -233,47 +233,6 @@ class _Req:
         return 0 if self.lo is None else max(0, self.lo - self.n_out)
 
 
-class _WholePrompts:
-    """Fixed-batch prefill (the chunking ablation): whole prompts, unpadded, in `order_prefill`'s order
-    over groups of PrefillSchedBatch (the same grouping as `ChunkedPrefill`)."""
-
-    def __init__(self, policy: str, sched_batch: int) -> None:
-        order_prefill([], policy, sched_batch)  # validates
-        self.policy = policy
-        self.sched_batch = sched_batch
-        self._queue: list[PrefillItem] = []
-        self._active: deque[PrefillItem] = deque()
-        self.wasted_tokens = 0
-
-    def add(self, item: PrefillItem) -> None:
-        self._queue.append(item)
-
-    def __len__(self) -> int:
-        return len(self._queue) + len(self._active)
-
-    def _take_group(self) -> None:
-        group = self._queue if self.policy == "fcfs" else self._queue[: self.sched_batch]
-        self._active.extend(order_prefill(group, self.policy, self.sched_batch))
-        self._queue = self._queue[len(group) :]
-
-    def next_batch(self, budget: int) -> list[PrefillItem]:
-        """Whole prompts from the head while their sum fits the token budget (at least one: a prompt is
-        never split), as the live engine's fixed-batch prefill."""
-        out: list[PrefillItem] = []
-        used = 0
-        while self._active or self._queue:
-            if not self._active:
-                self._take_group()
-            item = self._active[0]
-            if out and used + item.prompt_len > budget:
-                break
-            out.append(self._active.popleft())
-            used += item.prompt_len
-            if used >= budget:
-                break
-        return out
-
-
 class _Instance:
     __slots__ = (
         "busy",
@@ -315,7 +274,7 @@ class _Instance:
         self.dirty = False  # queued to look for work at the end of the current instant
         self.inflight: _Plan | None = None
         # prefill role
-        self.chunker: ChunkedPrefill | _WholePrompts | None = None
+        self.chunker: ChunkedPrefill | FixedBatchPrefill | None = None
         self.prefilling = 0  # prompts whose KV is reserved and whose prefill is not done
         self.kv_held = 0  # KV reserved for prompts in the scheduler, and prefilled KV not yet transferred
         self.outstanding = 0  # routed here, not yet done with this instance (router's in-flight count)
@@ -390,11 +349,11 @@ class _Sim:
         if self.watcher is not None and self.reqs:
             self._push(config.watch_interval_s, _WATCH, None)
 
-    def _new_chunker(self) -> ChunkedPrefill | _WholePrompts:
+    def _new_chunker(self) -> ChunkedPrefill | FixedBatchPrefill:
         p = self.policy
         if self.cfg.chunked:
             return ChunkedPrefill(p.chunk_size, p.prefill_policy, p.prefill_sched_batch, pad=True)
-        return _WholePrompts(p.prefill_policy, p.prefill_sched_batch)
+        return FixedBatchPrefill(p.prefill_policy, p.prefill_sched_batch)
 
     def _validate(self, r: Request) -> None:
         m = self.profile.model.max_model_len

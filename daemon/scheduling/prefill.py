@@ -5,6 +5,8 @@
   starvation): with batch 10, twenty queued requests are scheduled as two sorted groups.
 * Chunks: each iteration runs exactly ChunkSize tokens: prompts are sliced and merged into chunks in
   scheduling order; a partial last chunk is padded to ChunkSize and the padding is wasted compute.
+* `FixedBatchPrefill`: chunked prefill off (vLLM's fixed batch, the ablation): whole prompts in the same
+  order, up to a token budget per iteration.
 
 Pure: plain data in, decisions out.
 """
@@ -134,3 +136,59 @@ class ChunkedPrefill:
         self.chunks += 1
         size = self.chunk_size if self.pad else self.chunk_size - room
         return Chunk(tuple(pieces), size, padding), completed
+
+
+class FixedBatchPrefill:
+    """Chunked prefill off (vLLM's fixed-batch prefill): whole prompts, never split nor padded, in the
+    order `ChunkedPrefill` schedules them (fcfs, or sjf / ljf within PrefillSchedBatch groups taken in
+    arrival order and sorted when first reached), up to a token budget per iteration, at least one."""
+
+    wasted_tokens = 0  # whole prompts: nothing is padded
+
+    def __init__(self, policy: str = "fcfs", sched_batch: int = 16) -> None:
+        order_prefill([], policy, sched_batch)  # validates
+        self.policy, self.sched_batch = policy, sched_batch
+        self._queue: list[PrefillItem] = []  # not yet reached, arrival order
+        self._active: deque[PrefillItem] = deque()  # reached groups, in scheduling order
+
+    def configure(self, policy: str, sched_batch: int) -> None:
+        order_prefill([], policy, sched_batch)  # validates
+        self.policy, self.sched_batch = policy, sched_batch
+
+    def __len__(self) -> int:
+        return len(self._queue) + len(self._active)
+
+    def add(self, item: PrefillItem) -> None:
+        self._queue.append(item)
+
+    def remove(self, request_id: str) -> bool:
+        before = len(self)
+        self._queue = [x for x in self._queue if x.request_id != request_id]
+        self._active = deque(x for x in self._active if x.request_id != request_id)
+        return len(self) < before
+
+    def drain(self) -> list[PrefillItem]:
+        """Everything queued, in the current order; the queue is left empty."""
+        items = [*self._active, *self._queue]
+        self._queue, self._active = [], deque()
+        return items
+
+    def _take_group(self) -> None:
+        group = self._queue if self.policy == "fcfs" else self._queue[: self.sched_batch]
+        self._active.extend(order_prefill(group, self.policy, self.sched_batch))
+        self._queue = self._queue[len(group) :]
+
+    def next_batch(self, budget: int) -> list[PrefillItem]:
+        out: list[PrefillItem] = []
+        used = 0
+        while self._active or self._queue:
+            if not self._active:
+                self._take_group()
+            item = self._active[0]
+            if out and used + item.prompt_len > budget:
+                break
+            out.append(self._active.popleft())
+            used += item.prompt_len
+            if used >= budget:
+                break
+        return out

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from daemon.scheduling.admission import Running, Waiting, admit
 from daemon.scheduling.policyset import PolicySet
-from daemon.scheduling.prefill import ChunkedPrefill, PrefillItem, order_prefill
+from daemon.scheduling.prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
 from workers.clock import Clock
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
 from workers.engines.costmodel import CostModel, Profile
@@ -118,59 +118,6 @@ class IterationStats:
     padding: int = 0  # prefill role, chunked: padding tokens that filled the chunk up to ChunkSize
 
 
-class _WholePrompts:
-    """Chunked prefill off (vLLM's fixed-batch prefill): whole prompts, never split nor padded, in the
-    order `ChunkedPrefill` schedules them (fcfs, or sjf / ljf within PrefillSchedBatch groups taken in
-    arrival order and sorted when first reached), up to a token budget per iteration, at least one."""
-
-    def __init__(self, policy: str, sched_batch: int) -> None:
-        self.policy, self.sched_batch = policy, sched_batch
-        self._queue: list[PrefillItem] = []  # not yet reached, arrival order
-        self._active: deque[PrefillItem] = deque()  # reached groups, in scheduling order
-
-    def configure(self, policy: str, sched_batch: int) -> None:
-        order_prefill([], policy, sched_batch)  # validates
-        self.policy, self.sched_batch = policy, sched_batch
-
-    def __len__(self) -> int:
-        return len(self._queue) + len(self._active)
-
-    def add(self, item: PrefillItem) -> None:
-        self._queue.append(item)
-
-    def remove(self, request_id: str) -> bool:
-        before = len(self)
-        self._queue = [x for x in self._queue if x.request_id != request_id]
-        self._active = deque(x for x in self._active if x.request_id != request_id)
-        return len(self) < before
-
-    def drain(self) -> list[PrefillItem]:
-        """Everything queued, in the current order; the queue is left empty."""
-        items = [*self._active, *self._queue]
-        self._queue, self._active = [], deque()
-        return items
-
-    def _take_group(self) -> None:
-        group = self._queue if self.policy == "fcfs" else self._queue[: self.sched_batch]
-        self._active.extend(order_prefill(group, self.policy, self.sched_batch))
-        self._queue = self._queue[len(group) :]
-
-    def next_batch(self, budget: int) -> list[PrefillItem]:
-        out: list[PrefillItem] = []
-        used = 0
-        while self._active or self._queue:
-            if not self._active:
-                self._take_group()
-            item = self._active[0]
-            if out and used + item.prompt_len > budget:
-                break
-            out.append(self._active.popleft())
-            used += item.prompt_len
-            if used >= budget:
-                break
-        return out
-
-
 # One planned iteration: kind, (seq, tokens, context) entries, model seconds, padding tokens.
 _Plan = tuple[str, list[tuple[_Seq, int, int]], float, int]
 
@@ -213,7 +160,7 @@ class SimEngine(Engine):
         self._chunker = ChunkedPrefill(
             chunk_size=p.chunk_size, policy=p.prefill_policy, sched_batch=p.prefill_sched_batch, pad=True
         )
-        self._whole = _WholePrompts(p.prefill_policy, p.prefill_sched_batch)
+        self._whole = FixedBatchPrefill(p.prefill_policy, p.prefill_sched_batch)
         self._chunked_applied = self.chunked  # the mode the queues are arranged for
         self._arrivals = 0
         self._plan_order: list[str] = []  # planned admission order (plan policy): ids not yet admitted
