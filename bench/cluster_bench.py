@@ -26,7 +26,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from tetrictl.procs import spawn, stop_all, wait_ready
+from tetrictl.procs import start_local_cluster
 from workers.proto import pb, rpc
 
 console = Console(width=120)
@@ -116,27 +116,10 @@ def main() -> None:
     ap.add_argument("--profile", default="llama3-8b-h100")
     a = ap.parse_args()
     state = Path(tempfile.mkdtemp(prefix="tetri-bench-"))
-    procs = [spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(state)])]
+    cluster = start_local_cluster(["prefill", "decode"], state_dir=state, profile=a.profile, time_scale=a.time_scale)
+    ready = {"url": cluster.url}
+    workers = {w["role"]: w for w in cluster.workers}
     try:
-        ready = wait_ready(procs[0], "daemon")
-        workers = {}
-        for role in ("prefill", "decode"):
-            procs.append(
-                spawn(
-                    "workers.main",
-                    [
-                        "--role",
-                        role,
-                        "--daemon",
-                        ready["grpc"],
-                        "--profile",
-                        a.profile,
-                        "--time-scale",
-                        str(a.time_scale),
-                    ],
-                )
-            )
-            workers[role] = wait_ready(procs[-1], role)
         time.sleep(0.5)  # one broadcast so the prefill instance knows the decode instance
         asyncio.run(through_daemon(ready["url"], 100, 8))  # warm-up
         d = asyncio.run(direct(workers["prefill"]["address"], a.latency_requests))
@@ -183,7 +166,7 @@ def main() -> None:
             counts = h.get("/api/v1/cluster").json()["requests_by_status"]
         console.print(f"status table: {counts}")
     finally:
-        stop_all(procs)
+        cluster.stop()
 
 
 if __name__ == "__main__":

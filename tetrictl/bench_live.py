@@ -23,7 +23,7 @@ from daemon.des.cluster import ClusterConfig, InstanceRecord, RequestRecord, Run
 from daemon.des.experiments import Runner
 from daemon.des.workloads import Request
 
-from .procs import spawn, stop_all, wait_ready
+from .procs import start_local_cluster
 
 
 def _roles(config: ClusterConfig) -> list[str]:
@@ -60,27 +60,15 @@ def live_runner(time_scale: float = 1.0) -> Runner:
     def run(requests: Sequence[Request], config: ClusterConfig) -> RunResult:
         profile = config.profile if isinstance(config.profile, str) else config.profile.name
         state = Path(tempfile.mkdtemp(prefix="tetri-live-bench-"))
-        procs = [spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(state)])]
+        cluster = start_local_cluster(
+            _roles(config),
+            state_dir=state,
+            profile=profile,
+            time_scale=time_scale,
+            mode="colocated" if config.mode == "vanilla" else "disaggregated",
+        )
         try:
-            ready = wait_ready(procs[0], "daemon")
-            for role in _roles(config):
-                procs.append(
-                    spawn(
-                        "workers.main",
-                        [
-                            "--role",
-                            role,
-                            "--daemon",
-                            ready["grpc"],
-                            "--profile",
-                            profile,
-                            "--time-scale",
-                            str(time_scale),
-                        ],
-                    )
-                )
-                wait_ready(procs[-1], f"{role} worker")
-            with httpx.Client(base_url=ready["url"], timeout=30) as h:
+            with httpx.Client(base_url=cluster.url, timeout=30) as h:
                 if config.mode == "tetri":
                     r = h.put("/api/v1/policies", json=config.policy.to_dict())
                     r.raise_for_status()
@@ -92,7 +80,7 @@ def live_runner(time_scale: float = 1.0) -> Runner:
                         raise RuntimeError("workers did not take the policies")
                     time.sleep(0.05)
                 t_start = time.time()
-                ids = asyncio.run(_replay(ready["url"], requests, time_scale))
+                ids = asyncio.run(_replay(cluster.url, requests, time_scale))
                 time.sleep(0.3)  # one flush of the batched status-table writes
                 rows = {}
                 offset = 0
@@ -104,7 +92,7 @@ def live_runner(time_scale: float = 1.0) -> Runner:
                         break
                 preempt = sum(i["preemptions"] for i in h.get("/api/v1/instances").json()["instances"])
         finally:
-            stop_all(procs)
+            cluster.stop()
         return _result(requests, ids, rows, t_start, time_scale, preempt)
 
     return run

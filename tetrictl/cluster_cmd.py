@@ -13,7 +13,7 @@ import typer
 
 from . import exitcodes
 from .output import fail, out, print_json
-from .procs import StartError, spawn, stop_all, wait_ready
+from .procs import StartError, start_local_cluster
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file ([daemon], [worker]).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the ready report as one JSON document.")]
@@ -114,48 +114,37 @@ def up(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    procs = []
+    roles = [role for role, n in counts.items() for _ in range(n)]
     try:
-        dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
-        _opt(dargs, "--config", config)
-        procs.append(spawn("daemon.main", dargs))
-        ready = wait_ready(procs[-1], "daemon")
-        workers = []
-        for role, n in counts.items():
-            for _ in range(n):
-                wargs = [
-                    "--role",
-                    role,
-                    "--daemon",
-                    ready["grpc"],
-                    "--profile",
-                    profile,
-                    "--time-scale",
-                    str(time_scale),
-                ]
-                _opt(wargs, "--config", config)
-                procs.append(spawn("workers.main", wargs))
-                workers.append(wait_ready(procs[-1], f"{role} worker"))
+        cluster = start_local_cluster(
+            roles,
+            state_dir=state_dir,
+            profile=profile,
+            time_scale=time_scale,
+            mode=mode,
+            port=port,
+            grpc_port=grpc_port,
+            config=config,
+        )
     except StartError as e:
-        stop_all(procs)
         fail(str(e), exitcodes.REFUSED)
-    doc = {"url": ready["url"], "grpc": ready["grpc"], "mode": mode, "workers": workers}
+    doc = {"url": cluster.url, "grpc": cluster.grpc, "mode": mode, "workers": cluster.workers}
     if json_out:
         print_json(doc)
     else:
         out.print(
-            f"Tetri is up at [bold]{ready['url']}[/] ({mode}; "
-            + ", ".join(f"{w['role']} {w['instance_id']}" for w in workers)
+            f"Tetri is up at [bold]{cluster.url}[/] ({mode}; "
+            + ", ".join(f"{w['role']} {w['instance_id']}" for w in cluster.workers)
             + "). Ctrl-C stops it."
         )
     sys.stdout.flush()
     code = 0
     while not stopping["flag"]:
-        dead = [p for p in procs if p.poll() is not None]
+        dead = [p for p in cluster.procs if p.poll() is not None]
         if dead:
             out.print(f"[red]a process exited (code {dead[0].returncode}); stopping the cluster[/]")
             code = exitcodes.REFUSED
             break
         time.sleep(0.2)
-    stop_all(procs)
+    cluster.stop()
     raise typer.Exit(code)

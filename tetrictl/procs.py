@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -79,3 +81,47 @@ def stop_all(procs: list[subprocess.Popen[str]], grace: float = 5.0) -> None:
             p.wait()
         if p.stdout is not None:
             p.stdout.close()
+
+
+@dataclass
+class LocalCluster:
+    """A daemon and its workers started as children on this host (`tetrictl up`, the benches)."""
+
+    url: str
+    grpc: str
+    procs: list[subprocess.Popen[str]]
+    workers: list[dict[str, Any]] = field(default_factory=list)  # each worker's ready report
+
+    def stop(self) -> None:
+        stop_all(self.procs)
+
+
+def start_local_cluster(
+    roles: list[str],
+    *,
+    state_dir: Path,
+    profile: str,
+    time_scale: float,
+    mode: str = "disaggregated",
+    port: int = 0,
+    grpc_port: int = 0,
+    config: Path | None = None,
+) -> LocalCluster:
+    """Start the daemon, then one worker per role, each waited for; on failure nothing is left running."""
+    dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
+    if config is not None:
+        dargs += ["--config", str(config)]
+    procs = [spawn("daemon.main", dargs)]
+    try:
+        ready = wait_ready(procs[0], "daemon")
+        cluster = LocalCluster(ready["url"], ready["grpc"], procs)
+        for role in roles:
+            wargs = ["--role", role, "--daemon", ready["grpc"], "--profile", profile, "--time-scale", str(time_scale)]
+            if config is not None:
+                wargs += ["--config", str(config)]
+            procs.append(spawn("workers.main", wargs))
+            cluster.workers.append(wait_ready(procs[-1], f"{role} worker"))
+    except BaseException:
+        stop_all(procs)
+        raise
+    return cluster
