@@ -69,9 +69,6 @@ class KVProfile:
     def next_completion(self) -> int | None:
         return self._lc[0] if self._lc else None
 
-    def last_completion(self) -> int | None:
-        return self._lc[-1] if self._lc else None
-
     def ids(self) -> list[int]:
         return list(self._li)
 

@@ -1,5 +1,5 @@
-"""Where a request goes: the global scheduler's prefill choice and the prefill dispatcher's decode
-choice. Both are pure functions of load snapshots."""
+"""Where a request goes: the global scheduler's choice of prefill (or colocated) instance, a pure
+function of load snapshots. The prefill dispatcher's decode choice is `dispatch.py`."""
 
 from __future__ import annotations
 
@@ -28,16 +28,4 @@ def least_loaded(instances: Sequence[InstanceLoad]) -> str | None:
     if not instances:
         return None
     best = min(instances, key=lambda x: (x.inflight + x.queued, x.kv_utilisation, x.instance_id))
-    return best.instance_id
-
-
-def least_kv_utilised(instances: Sequence[InstanceLoad]) -> str | None:
-    """The simplest decode dispatch: the decode instance with the most free KV (fraction), ties by
-    queue and id. The scheduling issue adds predicted-length dispatch (power of two choices)."""
-    if not instances:
-        return None
-    best = min(
-        instances,
-        key=lambda x: (x.kv_utilisation + (x.queued + x.inflight) / max(1, x.kv_capacity_tokens), x.instance_id),
-    )
     return best.instance_id
