@@ -8,7 +8,10 @@ from . import bench_cmd, cluster_cmd, plan_cmd
 
 app = typer.Typer(
     name="tetrictl",
-    help="Operate Tetri: run the cluster (`up`, `daemon`, `worker`) and plan backlogs offline (`plan`).",
+    help=(
+        "Operate Tetri: run the cluster (`up`, `daemon`, `worker`), compare schedulers (`bench`) "
+        "and plan backlogs offline (`plan`)."
+    ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
