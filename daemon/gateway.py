@@ -290,10 +290,10 @@ class Gateway:
                     yield chunk.handoff
                     return
                 if chunk.finished:
-                    if chunk.finish_reason in ("error",):
-                        yield Failed(f"instance {name}: {chunk.error}")
-                    elif chunk.finish_reason == "abort" or fl.cancelled:
+                    if chunk.finish_reason == "abort" or fl.cancelled:  # however the worker reports the abort
                         yield Finished("cancelled", fl.produced)
+                    elif chunk.finish_reason == "error":
+                        yield Failed(f"instance {name}: {chunk.error}")
                     else:
                         yield Finished(chunk.finish_reason or "length", fl.produced)
                     return

@@ -165,6 +165,7 @@ class WorkerService(rpc.WorkerServicer):
         self.policies = PolicySet()
         self.policy_version = 0
         self.predictor: LengthPredictor | None = None
+        self.plan_loaded = False  # decode: admitting in the order of a Sorted-F plan (SetPlan)
 
     # --- policies (hot-swap) -------------------------------------------------------------------------
     def on_broadcast(self, msg: pb.DecodeLoadBroadcast) -> None:
@@ -185,8 +186,8 @@ class WorkerService(rpc.WorkerServicer):
                 policies.predictor, policies.predictor_accuracy, policies.predictor_granularity, seed=0
             )
         configure = getattr(self.engine, "configure", None)
-        if configure is not None:
-            configure(policies)
+        if configure is not None:  # a loaded Sorted-F plan keeps this instance on `plan` admission
+            configure(policies.changed(decode_admission="plan") if self.plan_loaded else policies)
 
     @staticmethod
     def _req(r: pb.GenerateRequest) -> EngineRequest:
@@ -420,6 +421,19 @@ class WorkerService(rpc.WorkerServicer):
         await old.stop()
         self.state = "active"
         return pb.FlipReply(ok=True, drained_at=drained)
+
+    async def SetPlan(self, request: pb.PlanRequest, context: grpc.aio.ServicerContext) -> pb.PlanReply:
+        """Load (or clear) a Sorted-F plan: this decode instance admits in the plan's order while the
+        plan's future fits its KV capacity (M = the engine's capacity)."""
+        set_plan = getattr(self.engine, "set_plan", None)
+        if self.role != "decode":
+            return pb.PlanReply(ok=False, reason=f"instance {self.instance_id} is a {self.role} instance")
+        if set_plan is None:
+            return pb.PlanReply(ok=False, reason="this engine has no plan admission")
+        self.plan_loaded = not request.clear
+        set_plan([] if request.clear else list(request.order))
+        self.apply_policies(self.policies, self.policy_version)
+        return pb.PlanReply(ok=True)
 
     def _engine_busy(self) -> bool:
         u = self.engine.usage()

@@ -13,6 +13,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 
+from daemon.planner.planfile import parse_plan
+from daemon.planner.workload import WorkloadError
+from workers.proto import pb
+
 from ..db.models import Phase, Status
 from ..flips import FlipError
 from ..gateway import Gateway
@@ -203,3 +207,44 @@ async def retrain(request: Request) -> dict[str, Any]:
     await request.app.state.writer.flush()
     out: dict[str, Any] = await request.app.state.predictor.retrain(_gw(request).cluster.policies.predictor_granularity)
     return out
+
+
+# --- Sorted-F plan admission ------------------------------------------------------------------------------
+@router.put("/instances/{instance_id}/plan")
+async def load_plan(instance_id: str, request: Request, plan: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    """Load a plan file (`tetrictl plan solve`'s format) into a decode instance: it admits requests in
+    the plan's order (requests carry the plan's ids as `tetri.request_id`) while the plan's future fits
+    its KV capacity. A plan that does not parse is a 400; the instance keeps its policy."""
+    try:
+        parsed = parse_plan(json.dumps(plan), source="plan")
+    except WorkloadError as e:
+        raise HTTPException(400, detail={"message": str(e), "param": "plan"}) from None
+    inst = _decode_instance(request, instance_id)
+    reply = await _gw(request).peers.worker(inst.address).SetPlan(pb.PlanRequest(order=parsed.order), timeout=10)
+    if not reply.ok:
+        raise HTTPException(409, detail=reply.reason)
+    return {
+        "instance_id": instance_id,
+        "planned": len(parsed.order),
+        "plan_memory": parsed.memory,
+        "kv_capacity_tokens": inst.kv_capacity_tokens,
+        "policy": parsed.policy,
+    }
+
+
+@router.delete("/instances/{instance_id}/plan")
+async def clear_plan(instance_id: str, request: Request) -> dict[str, Any]:
+    inst = _decode_instance(request, instance_id)
+    reply = await _gw(request).peers.worker(inst.address).SetPlan(pb.PlanRequest(clear=True), timeout=10)
+    if not reply.ok:
+        raise HTTPException(409, detail=reply.reason)
+    return {"instance_id": instance_id, "planned": 0}
+
+
+def _decode_instance(request: Request, instance_id: str) -> Any:
+    inst = _gw(request).cluster.instances.get(instance_id)
+    if inst is None:
+        raise HTTPException(404, detail=f"no instance {instance_id!r}")
+    if inst.role != "decode":
+        raise HTTPException(409, detail=f"instance {instance_id} is a {inst.role} instance: plans load into decode")
+    return inst

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -55,7 +56,9 @@ def _prompt_ids(body: CompletionRequest) -> list[int] | str:
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     gw = _gateway(request)
-    rid = new_request_id()
+    rid = body.tetri.request_id if body.tetri and body.tetri.request_id else new_request_id()
+    if rid in gw.inflight or await asyncio.to_thread(request.app.state.store.get_request, rid) is not None:
+        return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
     ids = _prompt_ids(body)
     max_len = gw.max_model_len()
 

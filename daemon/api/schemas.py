@@ -8,11 +8,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class TetriExtension(BaseModel):
-    """Per-request SLA targets, sent as ``"tetri": {...}`` (``extra_body`` in the openai client)."""
+    """Tetri's per-request extension, sent as ``"tetri": {...}`` (``extra_body`` in the openai client):
+    SLA targets and an optional client-chosen request id."""
 
     model_config = ConfigDict(extra="forbid")
     sla_ttft_ms: float | None = Field(None, gt=0)
     sla_jct_ms: float | None = Field(None, gt=0)
+    # the client's own id for the request (a plan replay names requests by the plan's ids)
+    request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 class StreamOptions(BaseModel):

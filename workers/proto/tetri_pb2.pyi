@@ -119,6 +119,22 @@ class FlipReply(_message.Message):
     drained_at: float
     def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., drained_at: _Optional[float] = ...) -> None: ...
 
+class PlanRequest(_message.Message):
+    __slots__ = ("order", "clear")
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    order: _containers.RepeatedScalarFieldContainer[str]
+    clear: bool
+    def __init__(self, order: _Optional[_Iterable[str]] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class PlanReply(_message.Message):
+    __slots__ = ("ok", "reason")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    reason: str
+    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -64,6 +64,11 @@ class WorkerStub:
                 request_serializer=tetri__pb2.FlipRequest.SerializeToString,
                 response_deserializer=tetri__pb2.FlipReply.FromString,
                 _registered_method=True)
+        self.SetPlan = channel.unary_unary(
+                '/tetri.v1.Worker/SetPlan',
+                request_serializer=tetri__pb2.PlanRequest.SerializeToString,
+                response_deserializer=tetri__pb2.PlanReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -108,6 +113,12 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +151,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Flip,
                     request_deserializer=tetri__pb2.FlipRequest.FromString,
                     response_serializer=tetri__pb2.FlipReply.SerializeToString,
+            ),
+            'SetPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPlan,
+                    request_deserializer=tetri__pb2.PlanRequest.FromString,
+                    response_serializer=tetri__pb2.PlanReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +320,33 @@ class Worker:
             '/tetri.v1.Worker/Flip',
             tetri__pb2.FlipRequest.SerializeToString,
             tetri__pb2.FlipReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tetri.v1.Worker/SetPlan',
+            tetri__pb2.PlanRequest.SerializeToString,
+            tetri__pb2.PlanReply.FromString,
             options,
             channel_credentials,
             insecure,
