@@ -1,7 +1,7 @@
 """Control-plane benchmark: requests/s through the daemon with the status table on, and the latency the
 daemon adds over calling the workers directly (same requests, same workers, side by side).
 
-    python bench/cluster_bench.py [--requests 3000] [--concurrency 64] [--time-scale 1000]
+    python bench/cluster_bench.py [--requests 3000] [--latency-requests 300] [--concurrency 64] [--time-scale 1000]
 
 Starts a daemon and one prefill + one decode sim worker on loopback (as `tetrictl up` does), then:
 1. latency, one request at a time: N requests straight to the workers over gRPC (prefill Generate,

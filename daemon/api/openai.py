@@ -56,8 +56,10 @@ def _prompt_ids(body: CompletionRequest) -> list[int] | str:
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     gw = _gateway(request)
-    rid = body.tetri.request_id if body.tetri and body.tetri.request_id else new_request_id()
-    if rid in gw.inflight or await asyncio.to_thread(request.app.state.store.get_request, rid) is not None:
+    chosen = body.tetri.request_id if body.tetri else None
+    rid = chosen or new_request_id()
+    if chosen and (rid in gw.inflight or await asyncio.to_thread(request.app.state.store.get_request, rid)):
+        # only a client-chosen id can collide; generated ids skip the lookup on this hot path
         return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
     ids = _prompt_ids(body)
     max_len = gw.max_model_len()
