@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,6 +33,8 @@ from .flips import Flipper
 from .gateway import Gateway, new_request_id
 from .metrics import Metrics
 from .predictor_service import PredictorService
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI:
@@ -137,11 +140,11 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
 
 
 def _record_instance(store: Store, inst: Instance) -> None:
-    """Instance registration is rare: write it straight through (off the request path)."""
-    loop = asyncio.get_running_loop()
-    loop.run_in_executor(
-        None,
-        lambda: store.upsert_instance(
+    """Instance registration is rare: write it straight through, in a thread (off the request path);
+    a failure is logged, the in-memory registry stays authoritative."""
+
+    def write() -> None:
+        store.upsert_instance(
             id=inst.id,
             role=inst.role,
             state=inst.state,
@@ -149,8 +152,13 @@ def _record_instance(store: Store, inst: Instance) -> None:
             model=inst.model,
             kv_capacity_tokens=inst.kv_capacity_tokens,
             registered_ts=time.time(),
-        ),
-    )
+        )
+
+    def done(fut: asyncio.Future[None]) -> None:
+        if fut.exception() is not None:
+            log.error("recording instance %s failed: %s", inst.id, fut.exception())
+
+    asyncio.get_running_loop().run_in_executor(None, write).add_done_callback(done)
 
 
 async def _retention(store: Store, keep_s: float) -> None:

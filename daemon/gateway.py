@@ -235,7 +235,7 @@ class Gateway:
             request_id=fl.id, prompt_token_ids=prompt_ids, max_tokens=fl.max_tokens, predicted_lo=lo, predicted_hi=hi
         )
         handoff: pb.Handoff | None = None
-        async for ev in self._stream(fl, entry, self.peers.worker(entry.address).Generate(req)):
+        async for ev in self._stream(fl, entry.id, self.peers.worker(entry.address).Generate(req)):
             if isinstance(ev, pb.Handoff):
                 handoff = ev
                 break
@@ -254,7 +254,7 @@ class Gateway:
             self._release(fl)
             fl.serving = (handoff.decode_instance_id, handoff.decode_address)
         call = self.peers.worker(handoff.decode_address).Attach(pb.AttachRequest(request_id=fl.id))
-        async for ev in self._stream(fl, decode, call, decode_id=handoff.decode_instance_id):
+        async for ev in self._stream(fl, handoff.decode_instance_id, call):
             if isinstance(ev, pb.Handoff):
                 yield Failed("decode instance tried to hand over again")
                 return
@@ -263,9 +263,9 @@ class Gateway:
                 return
 
     async def _stream(
-        self, fl: Inflight, inst: Instance | None, call: grpc.aio.UnaryStreamCall, decode_id: str | None = None
+        self, fl: Inflight, name: str, call: grpc.aio.UnaryStreamCall
     ) -> AsyncIterator[Tokens | Finished | Failed | pb.Handoff]:
-        name = decode_id or (inst.id if inst else "?")
+        """Follow one worker stream (`name`: the instance serving it) until it ends or hands over."""
         last = time.time()
         try:
             async for chunk in call:

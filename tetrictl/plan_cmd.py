@@ -6,6 +6,7 @@ A thin shell: it reads and writes files, times the solves and prints; every deci
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -124,8 +125,6 @@ def solve_cmd(
 
 
 def _dumps(doc: Any) -> str:
-    import json
-
     return json.dumps(doc, indent=1) + "\n"
 
 

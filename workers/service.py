@@ -141,6 +141,11 @@ async def _chunks(rid: str, queue: asyncio.Queue[object], produced: int, limit: 
         return
 
 
+def _error_chunk(rid: str, error: str) -> pb.TokenChunk:
+    """The last chunk of a request that failed: finish_reason "error" and a one-line reason."""
+    return pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=error)
+
+
 class WorkerService(rpc.WorkerServicer):
     def __init__(
         self,
@@ -199,12 +204,7 @@ class WorkerService(rpc.WorkerServicer):
     ) -> AsyncIterator[pb.TokenChunk]:
         req = self._req(request)
         if self.state != "active":
-            yield pb.TokenChunk(
-                request_id=req.request_id,
-                finished=True,
-                finish_reason="error",
-                error=f"instance {self.instance_id} is {self.state}",
-            )
+            yield _error_chunk(req.request_id, f"instance {self.instance_id} is {self.state}")
             return
         if self.role == "colocated":
             queue: asyncio.Queue[object] = asyncio.Queue()
@@ -220,12 +220,7 @@ class WorkerService(rpc.WorkerServicer):
                     await self.engine.abort(req.request_id)
             return
         if self.role != "prefill":
-            yield pb.TokenChunk(
-                request_id=req.request_id,
-                finished=True,
-                finish_reason="error",
-                error=f"instance {self.instance_id} is a {self.role} instance",
-            )
+            yield _error_chunk(req.request_id, f"instance {self.instance_id} is a {self.role} instance")
             return
         self.prefilling += 1
         try:
@@ -246,7 +241,7 @@ class WorkerService(rpc.WorkerServicer):
         try:
             out = await self.engine.prefill(req)
         except EngineError as e:
-            yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=str(e))
+            yield _error_chunk(rid, str(e))
             return
         except asyncio.CancelledError:
             await self.engine.abort(rid)
@@ -292,7 +287,7 @@ class WorkerService(rpc.WorkerServicer):
         finally:
             await self.engine.release_kv(rid)
         error = last_reason if refused else "no healthy decode instance to hand over to"
-        yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=error)
+        yield _error_chunk(rid, error)
 
     @staticmethod
     def _last_request(req: EngineRequest, lo: int, hi: int) -> pb.GenerateRequest:
@@ -362,7 +357,7 @@ class WorkerService(rpc.WorkerServicer):
         rid = request.request_id
         job = self.jobs.get(rid)
         if job is None:
-            yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=f"unknown request {rid}")
+            yield _error_chunk(rid, f"unknown request {rid}")
             return
         finished = False
         try:

@@ -24,11 +24,12 @@ the same text for the same prompt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import hashlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from daemon.scheduling.admission import Running, Waiting, admit
@@ -298,11 +299,9 @@ class SimEngine(Engine):
         seq.state = _State.WAITING
         self._waiting.append(seq)
         self._wake.set()
-        try:
-            while (token := await self._next_token(seq)) is not None:
+        async with contextlib.aclosing(self._stream(seq)) as tokens:  # closing us closes it at once
+            async for token in tokens:
                 yield token
-        finally:
-            self._abandon(seq)
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[int]:
         self._check_role("generate", "colocated")
@@ -311,6 +310,12 @@ class SimEngine(Engine):
         seq.queue = asyncio.Queue()
         self._waiting.append(seq)
         self._wake.set()
+        async with contextlib.aclosing(self._stream(seq)) as tokens:  # closing us closes it at once
+            async for token in tokens:
+                yield token
+
+    async def _stream(self, seq: _Seq) -> AsyncGenerator[int, None]:
+        """Yield a queued sequence's tokens as the loop produces them; closing early abandons it."""
         try:
             while (token := await self._next_token(seq)) is not None:
                 yield token
