@@ -4,14 +4,16 @@
       "format": "tetri-plan/1",
       "memory": M, "policy": "sorted-f", "solver": "swap", "backfill": false,
       "batches": [["id", ...], ...],          # Sorted-F's ordered list, batch by batch
-      "schedule": [{"id", "start", "finish"}, ...],
+      "schedule": [{"id", "prompt_tokens", "output_tokens", "start", "finish"}, ...],
       "tel", "avg_latency", "p50_latency", "p99_latency", "makespan", "peak_memory", "evictions",
       "solver_stats": {"wall_time_s", "iterations", "batches"},
       "n": requests planned, "dropped": oversized requests left out
     }
 
 Executing a plan means admitting in the order of its batches, flattened (or, for a plan without
-batches, in order of planned start) with the stop rule.
+batches, in order of planned start) with the stop rule. The schedule rows carry each request's lengths,
+so a plan is also its own backlog (`Plan.backlog`, what `tetrictl plan replay` sends); rows of plans
+written before the lengths were added lack them, and a replay then needs the workload file.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ FORMAT = "tetri-plan/1"
 def schedule_rows(w: Workload, sched: Schedule) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for i in range(w.n):
-        row: dict[str, Any] = {"id": w.ids[i], "start": int(sched.start[i]), "finish": int(sched.finish[i])}
+        row: dict[str, Any] = {
+            "id": w.ids[i],
+            "prompt_tokens": int(w.s[i]),
+            "output_tokens": int(w.o[i]),
+            "start": int(sched.start[i]),
+            "finish": int(sched.finish[i]),
+        }
         rows.append(row)
     for i, p, e in sched.evictions:
         rows[i].setdefault("evicted", []).append([p, e])
@@ -69,6 +77,8 @@ class Plan:
     backfill: bool
     tel: int | None
     doc: dict[str, Any]
+    # id → (prompt tokens, output tokens, planned finish step) from the schedule rows that carry them
+    backlog: dict[str, tuple[int, int, int | None]]
 
 
 def parse_plan(text: str, source: str = "plan") -> Plan:
@@ -87,15 +97,26 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
     ):
         raise WorkloadError(f"{source}: field 'batches' must be a list of lists of ids")
     order = [x for b in batches for x in b]
+    sched = doc.get("schedule")
+    if sched is not None and (not isinstance(sched, list) or not all(isinstance(r, dict) for r in sched)):
+        raise WorkloadError(f"{source}: field 'schedule' must be a list of objects")
+    rows: list[dict[str, Any]] = sched or []
     if not order:
-        sched = doc.get("schedule")
-        if not isinstance(sched, list) or not sched:
+        if not rows:
             raise WorkloadError(f"{source}: needs 'batches' or 'schedule'")
         try:
-            rows = sorted(sched, key=lambda r: (int(r["start"]), str(r["id"])))
+            rows = sorted(rows, key=lambda r: (int(r["start"]), str(r["id"])))
         except (KeyError, TypeError, ValueError):
             raise WorkloadError(f"{source}: every schedule entry needs 'id' and integer 'start'") from None
         order = [str(r["id"]) for r in rows]
+    backlog = _backlog(rows, source)
+    seen: set[str] = set()
+    for rid in order:
+        if rid in seen:
+            raise WorkloadError(f"{source}: request {rid!r} planned twice")
+        seen.add(rid)
+        if rows and rid not in backlog:
+            raise WorkloadError(f"{source}: names unknown request {rid!r} (not in its schedule)")
     tel = doc.get("tel")
     return Plan(
         memory,
@@ -104,7 +125,28 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
         bool(doc.get("backfill", False)),
         tel if isinstance(tel, int) else None,
         doc,
+        backlog,
     )
+
+
+def _backlog(rows: list[dict[str, Any]], source: str) -> dict[str, tuple[int, int, int | None]]:
+    out: dict[str, tuple[int, int, int | None]] = {}
+    for k, r in enumerate(rows):
+        rid = r.get("id")
+        if not isinstance(rid, str) or not rid:
+            raise WorkloadError(f"{source}: schedule entry {k}: field 'id' must be a non-empty string")
+        if rid in out:
+            raise WorkloadError(f"{source}: schedule entry {k}: duplicate id {rid!r}")
+        lengths = [r.get("prompt_tokens"), r.get("output_tokens")]
+        finish = r.get("finish")
+        if all(x is None for x in lengths):
+            out[rid] = (0, 0, None)  # an older plan: lengths come from the workload
+            continue
+        for name, x in zip(("prompt_tokens", "output_tokens"), lengths, strict=True):
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise WorkloadError(f"{source}: schedule entry {k} ({rid}): field {name!r} must be a positive integer")
+        out[rid] = (lengths[0], lengths[1], finish if isinstance(finish, int) and not isinstance(finish, bool) else None)
+    return out
 
 
 def plan_order(plan: Plan, w: Workload, source: str = "plan") -> IntArray:

@@ -216,6 +216,9 @@ def test_plan_admission_follows_a_loaded_sorted_f_plan(cluster: LiveCluster):
     with httpx.Client(base_url=cluster.url, timeout=60) as h:
         bad = h.put(f"/api/v1/instances/{d1}/plan", json={"batches": [["x"]]})
         assert bad.status_code == 400 and "memory" in bad.json()["error"]["message"]
+        unknown = {"memory": 4192, "batches": [["a", "zz"]], "schedule": [{"id": "a", "start": 0}]}
+        bad = h.put(f"/api/v1/instances/{d1}/plan", json=unknown)
+        assert bad.status_code == 400 and "names unknown request 'zz'" in bad.json()["error"]["message"]
         prefill = next(i for i in cluster.workers if i.startswith("prefill"))
         assert h.put(f"/api/v1/instances/{prefill}/plan", json=plan).status_code == 409
         assert h.put("/api/v1/instances/nope/plan", json=plan).status_code == 404

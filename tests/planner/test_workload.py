@@ -105,12 +105,23 @@ def test_plan_file_round_trip_and_errors():
         assert key in doc
     plan = parse_plan(json.dumps(doc))
     assert plan_order(plan, w).tolist() == [w.ids.index(x) for x in plan.order]
+    # the plan is its own backlog: every row carries the request's lengths and planned finish
+    assert {rid: v[:2] for rid, v in plan.backlog.items()} == {
+        w.ids[i]: (int(w.s[i]), int(w.o[i])) for i in range(w.n)
+    }
+    assert all(v[2] is not None for v in plan.backlog.values())
     bad = dict(doc, batches=[["a", "zz"]])
     with pytest.raises(WorkloadError, match="unknown request 'zz'"):
         plan_order(parse_plan(json.dumps(bad)), w)
     short = dict(doc, batches=[["a"]])
     with pytest.raises(WorkloadError, match="does not plan request 'b'"):
         plan_order(parse_plan(json.dumps(short)), w)
+    twice = dict(doc, batches=[["a", "a"]])
+    with pytest.raises(WorkloadError, match="'a' planned twice"):
+        parse_plan(json.dumps(twice))
+    bad_row = dict(doc, schedule=[{"id": "a", "prompt_tokens": 0, "output_tokens": 3, "start": 0}])
+    with pytest.raises(WorkloadError, match="schedule entry 0 \\(a\\): field 'prompt_tokens'"):
+        parse_plan(json.dumps(bad_row))
     with pytest.raises(WorkloadError, match="not valid JSON"):
         parse_plan("{")
     with pytest.raises(WorkloadError, match="'memory'"):
