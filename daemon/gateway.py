@@ -138,7 +138,9 @@ class Gateway:
         max_tokens: int,
         sla_ttft_ms: float | None = None,
         sla_jct_ms: float | None = None,
+        pin: str | None = None,
     ) -> AsyncIterator[Tokens | Finished | Failed]:
+        """Serve one request; ``pin`` pins its decode phase to that decode instance."""
         now = time.time()
         fl = Inflight(rid, len(prompt_ids), max_tokens, now, timeline=[("queued", now)])
         if self.predictor is not None:
@@ -160,7 +162,7 @@ class Gateway:
         )
         end: Finished | Failed | None = None
         try:
-            async for ev in self._serve(fl, prompt_ids):
+            async for ev in self._serve(fl, prompt_ids, pin):
                 if isinstance(ev, Tokens):
                     yield ev
                 else:
@@ -221,7 +223,9 @@ class Gateway:
         fl.serving = (inst.id, inst.address)
         inst.inflight += 1
 
-    async def _serve(self, fl: Inflight, prompt_ids: list[int]) -> AsyncIterator[Tokens | Finished | Failed]:
+    async def _serve(
+        self, fl: Inflight, prompt_ids: list[int], pin: str | None = None
+    ) -> AsyncIterator[Tokens | Finished | Failed]:
         try:
             entry = self.pick_entry()
         except NoInstance as e:
@@ -232,7 +236,12 @@ class Gateway:
         self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=time.time())
         lo, hi = fl.predicted or (0, 0)
         req = pb.GenerateRequest(
-            request_id=fl.id, prompt_token_ids=prompt_ids, max_tokens=fl.max_tokens, predicted_lo=lo, predicted_hi=hi
+            request_id=fl.id,
+            prompt_token_ids=prompt_ids,
+            max_tokens=fl.max_tokens,
+            predicted_lo=lo,
+            predicted_hi=hi,
+            decode_instance_id=pin or "",
         )
         handoff: pb.Handoff | None = None
         async for ev in self._stream(fl, entry.id, self.peers.worker(entry.address).Generate(req)):

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import typer
 
-from . import bench_cmd, cluster_cmd, plan_cmd
+from . import bench_cmd, cluster_cmd, flip_cmd, plan_cmd, policy_cmd, replay_cmd, status_cmd, top_cmd
 
 app = typer.Typer(
     name="tetrictl",
     help=(
-        "Operate Tetri: run the cluster (`up`, `daemon`, `worker`), compare schedulers (`bench`) "
-        "and plan backlogs offline (`plan`)."
+        "Operate Tetri: run the cluster (`up`, `daemon`, `worker`), inspect and steer it (`status`, "
+        "`instances`, `requests`, `flip`, `policy`, `top`), replay plans (`plan replay`), compare "
+        "schedulers (`bench`) and plan backlogs offline (`plan`). Exit codes: 0 ok, 1 the daemon refused "
+        "or failed, 2 usage or bad input, 3 the daemon cannot be reached."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.command("status")(status_cmd.status)
+app.add_typer(status_cmd.instances_app, name="instances")
+app.add_typer(status_cmd.requests_app, name="requests")
+app.command("flip")(flip_cmd.flip)
+app.command("flips")(flip_cmd.flips)
+app.add_typer(flip_cmd.flip_policy_app, name="flip-policy")
+app.add_typer(policy_cmd.app, name="policy")
+app.command("top")(top_cmd.top)
+plan_cmd.app.command("replay")(replay_cmd.replay)
 app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(cluster_cmd.daemon_app, name="daemon")
 app.add_typer(cluster_cmd.worker_app, name="worker")

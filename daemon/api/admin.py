@@ -76,6 +76,7 @@ async def requests(
     status: Status | None = None,
     limit: int = Query(50, ge=1, le=1000),
     offset: int = Query(0, ge=0),
+    id_prefix: str | None = Query(None, max_length=64),
 ) -> dict[str, Any]:
     rows, total = await asyncio.to_thread(
         request.app.state.store.list_requests,
@@ -83,6 +84,7 @@ async def requests(
         status.value if status else None,
         limit,
         offset,
+        id_prefix,
     )
     return {"requests": rows, "total": total, "limit": limit, "offset": offset}
 

@@ -97,7 +97,15 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     if max_len is None:
         return reject(503, "no instance is registered yet", "ServiceUnavailableError", None)
     sla = body.tetri
-    events = gw.run(rid, ids, body.max_tokens, sla.sla_ttft_ms if sla else None, sla.sla_jct_ms if sla else None)
+    pin = sla.decode_instance if sla else None
+    if pin is not None:
+        target = gw.cluster.instances.get(pin)
+        if target is None or target.role != "decode":
+            what = "no such instance" if target is None else f"it is a {target.role} instance"
+            return reject(400, f"tetri.decode_instance {pin!r}: {what}", "BadRequestError", "tetri.decode_instance")
+    events = gw.run(
+        rid, ids, body.max_tokens, sla.sla_ttft_ms if sla else None, sla.sla_jct_ms if sla else None, pin=pin
+    )
     created = int(time.time())
     if body.stream:
         return StreamingResponse(

@@ -16,6 +16,8 @@ class TetriExtension(BaseModel):
     sla_jct_ms: float | None = Field(None, gt=0)
     # the client's own id for the request (a plan replay names requests by the plan's ids)
     request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    # pin the decode phase to this decode instance (a plan replay sends its backlog to one instance)
+    decode_instance: str | None = Field(None, min_length=1, max_length=128)
 
 
 class StreamOptions(BaseModel):

@@ -257,6 +257,7 @@ class Store:
         status: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        id_prefix: str | None = None,
     ) -> tuple[list[dict[str, Any]], int]:
         """One page of requests, newest arrival first (ties by id ascending), and the total count that
         matches the filters (for pagination). `None` filters are not applied. MUST fail with
@@ -268,6 +269,8 @@ class Store:
             conditions.append(REQUESTS.c.phase == phase)
         if status is not None:
             conditions.append(REQUESTS.c.status == status)
+        if id_prefix:
+            conditions.append(REQUESTS.c.id.startswith(id_prefix, autoescape=True))
         page = (
             select(REQUESTS)
             .where(*conditions)

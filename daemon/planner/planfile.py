@@ -42,6 +42,8 @@ def schedule_rows(w: Workload, sched: Schedule) -> list[dict[str, Any]]:
             "start": int(sched.start[i]),
             "finish": int(sched.finish[i]),
         }
+        if w.a[i]:
+            row["arrival"] = int(w.a[i])
         rows.append(row)
     for i, p, e in sched.evictions:
         rows[i].setdefault("evicted", []).append([p, e])
@@ -69,6 +71,14 @@ def build_plan(w: Workload, memory: int, result: PolicyResult, wall_time_s: floa
     return doc
 
 
+@dataclass(frozen=True)
+class PlannedRequest:
+    prompt_tokens: int  # 0 in plans written before the rows carried lengths
+    output_tokens: int
+    arrival: int
+    finish: int | None  # the planned finish step
+
+
 @dataclass
 class Plan:
     memory: int
@@ -77,8 +87,7 @@ class Plan:
     backfill: bool
     tel: int | None
     doc: dict[str, Any]
-    # id → (prompt tokens, output tokens, planned finish step) from the schedule rows that carry them
-    backlog: dict[str, tuple[int, int, int | None]]
+    backlog: dict[str, PlannedRequest]  # the schedule rows, in file order
 
 
 def parse_plan(text: str, source: str = "plan") -> Plan:
@@ -129,8 +138,12 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
     )
 
 
-def _backlog(rows: list[dict[str, Any]], source: str) -> dict[str, tuple[int, int, int | None]]:
-    out: dict[str, tuple[int, int, int | None]] = {}
+def _int_or_none(x: object) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _backlog(rows: list[dict[str, Any]], source: str) -> dict[str, PlannedRequest]:
+    out: dict[str, PlannedRequest] = {}
     for k, r in enumerate(rows):
         rid = r.get("id")
         if not isinstance(rid, str) or not rid:
@@ -138,14 +151,16 @@ def _backlog(rows: list[dict[str, Any]], source: str) -> dict[str, tuple[int, in
         if rid in out:
             raise WorkloadError(f"{source}: schedule entry {k}: duplicate id {rid!r}")
         lengths = [r.get("prompt_tokens"), r.get("output_tokens")]
-        finish = r.get("finish")
+        arrival, finish = _int_or_none(r.get("arrival", 0)), _int_or_none(r.get("finish"))
+        if arrival is None or arrival < 0:
+            raise WorkloadError(f"{source}: schedule entry {k} ({rid}): field 'arrival' must be an integer ≥ 0")
         if all(x is None for x in lengths):
-            out[rid] = (0, 0, None)  # an older plan: lengths come from the workload
+            out[rid] = PlannedRequest(0, 0, arrival, finish)  # an older plan: lengths come from the workload
             continue
         for name, x in zip(("prompt_tokens", "output_tokens"), lengths, strict=True):
             if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                 raise WorkloadError(f"{source}: schedule entry {k} ({rid}): field {name!r} must be a positive integer")
-        out[rid] = (lengths[0], lengths[1], finish if isinstance(finish, int) and not isinstance(finish, bool) else None)
+        out[rid] = PlannedRequest(int(lengths[0]), int(lengths[1]), arrival, finish)  # type: ignore[arg-type]
     return out
 
 

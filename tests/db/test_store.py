@@ -120,6 +120,10 @@ def test_list_requests_filters_order_and_pagination(store: Store) -> None:
     assert [r["id"] for r in rows] == ["b"] and total == 3  # total counts all matches, not the page
     rows, total = store.list_requests(phase="done", status="finished")
     assert [r["id"] for r in rows] == ["c"] and total == 1
+    store.insert_request(**_req("rp1.x", 6.0))
+    store.insert_request(**_req("rp1_x", 6.0))  # '_' is not a wildcard in the prefix
+    rows, total = store.list_requests(id_prefix="rp1.")
+    assert [r["id"] for r in rows] == ["rp1.x"] and total == 1
 
     with pytest.raises(ValueError):
         store.list_requests(limit=-1)

@@ -106,10 +106,10 @@ def test_plan_file_round_trip_and_errors():
     plan = parse_plan(json.dumps(doc))
     assert plan_order(plan, w).tolist() == [w.ids.index(x) for x in plan.order]
     # the plan is its own backlog: every row carries the request's lengths and planned finish
-    assert {rid: v[:2] for rid, v in plan.backlog.items()} == {
+    assert {rid: (v.prompt_tokens, v.output_tokens) for rid, v in plan.backlog.items()} == {
         w.ids[i]: (int(w.s[i]), int(w.o[i])) for i in range(w.n)
     }
-    assert all(v[2] is not None for v in plan.backlog.values())
+    assert all(v.finish is not None for v in plan.backlog.values())
     bad = dict(doc, batches=[["a", "zz"]])
     with pytest.raises(WorkloadError, match="unknown request 'zz'"):
         plan_order(parse_plan(json.dumps(bad)), w)

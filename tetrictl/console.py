@@ -1,0 +1,75 @@
+"""What every console command shares: the daemon options, and running one client call as a command.
+
+A command body builds a coroutine over `TetriClient` and a renderer; `call()` runs it, prints one JSON
+document under --json (else the renderer's rich output), and turns a `ClientError` into its one-line
+message and exit code (docs/console.md): 0 ok, 1 refused or failed, 2 usage or bad input, 3 unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from daemon.planner.workload import WorkloadError
+
+from . import exitcodes
+from .client import ClientError, Target, TetriClient, resolve_target
+from .output import fail, print_json
+
+T = TypeVar("T")
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", help="Daemon URL (env TETRI_URL; default http://127.0.0.1:8000).", show_default=False),
+]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", help="Admin bearer token (env TETRI_TOKEN).", show_default=False)
+]
+CtlConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="TOML file with a [ctl] table: url, token (env TETRI_CONFIG).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def target(url: str | None, token: str | None, config: Path | None) -> Target:
+    try:
+        return resolve_target(url, token, config)
+    except ClientError as e:
+        fail(e.message, e.code)
+
+
+def call(
+    tgt: Target,
+    body: Callable[[TetriClient], Awaitable[T]],
+    render: Callable[[T], None],
+    json_out: bool,
+    to_json: Callable[[T], Any] | None = None,
+) -> T:
+    """Run ``body`` against the daemon; print its result; exit with the documented code on failure."""
+
+    async def go() -> T:
+        async with TetriClient(tgt) as c:
+            return await body(c)
+
+    try:
+        result = asyncio.run(go())
+    except ClientError as e:
+        fail(e.message, e.code)
+    except WorkloadError as e:
+        fail(str(e), exitcodes.USAGE)
+    if json_out:
+        print_json(to_json(result) if to_json else result)
+    else:
+        render(result)
+    return result
+
+
+def ago(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "—"
+    s = max(0.0, now - ts)
+    return f"{s:.1f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"

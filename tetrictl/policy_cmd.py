@@ -1,0 +1,106 @@
+"""`tetrictl policy show|set|history`: the runtime scheduling policies (hot-swap) over the admin API."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+
+from daemon.scheduling.admission import ADMISSION_POLICIES
+from daemon.scheduling.dispatch import DISPATCH_POLICIES
+from daemon.scheduling.predictor import PREDICTORS
+from daemon.scheduling.prefill import PREFILL_POLICIES
+
+from .client import TetriClient
+from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
+from .output import fail, out, table
+
+app = typer.Typer(help="Scheduling policies, changed at runtime without restart.", no_args_is_help=True)
+
+
+def _choices(names: tuple[str, ...]) -> str:
+    return ", ".join(names)
+
+
+@app.command("show")
+def show(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+    """Every runtime policy and the version the workers acknowledge."""
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        return await c.policies()
+
+    def render(d: dict[str, Any]) -> None:
+        table(f"policies (version {d['version']})", ("field", "value"), list(d["policies"].items()))
+
+    call(target(url, token, config), body, render, json_out)
+
+
+@app.command("set")
+def set_(
+    prefill: Annotated[
+        str | None, typer.Option("--prefill", help=f"Prefill order: {_choices(PREFILL_POLICIES)}.")
+    ] = None,
+    sched_batch: Annotated[int | None, typer.Option("--sched-batch", help="PrefillSchedBatch (≥ 1).")] = None,
+    chunk: Annotated[int | None, typer.Option("--chunk", help="ChunkSize, tokens per prefill iteration (≥ 1).")] = None,
+    predictor: Annotated[str | None, typer.Option("--predictor", help=f"{_choices(PREDICTORS)}.")] = None,
+    accuracy: Annotated[float | None, typer.Option("--accuracy", help="Oracle predictor accuracy (0–1).")] = None,
+    granularity: Annotated[int | None, typer.Option("--granularity", help="Predictor bucket, tokens.")] = None,
+    dispatch: Annotated[str | None, typer.Option("--dispatch", help=f"{_choices(DISPATCH_POLICIES)}.")] = None,
+    decode: Annotated[
+        str | None, typer.Option("--decode", help=f"Decode admission: {_choices(ADMISSION_POLICIES)}.")
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Change policies; the daemon validates them together (a bad value: exit 2 naming the field),
+    applies them without restart and records each change in the audit table."""
+    given = {
+        "prefill_policy": prefill,
+        "prefill_sched_batch": sched_batch,
+        "chunk_size": chunk,
+        "predictor": predictor,
+        "predictor_accuracy": accuracy,
+        "predictor_granularity": granularity,
+        "dispatch": dispatch,
+        "decode_admission": decode,
+    }
+    changes = {k: v for k, v in given.items() if v is not None}
+    if not changes:
+        fail("nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode …")
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        return await c.set_policies(changes)
+
+    def render(d: dict[str, Any]) -> None:
+        out.print(f"version {d['version']}; changed: {', '.join(d['changed']) or 'nothing'}")
+
+    call(target(url, token, config), body, render, json_out)
+
+
+@app.command("history")
+def history(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+    """The audit table: every policy change, oldest first."""
+
+    async def body(c: TetriClient) -> list[dict[str, Any]]:
+        return await c.policy_history()
+
+    def render(rows: list[dict[str, Any]]) -> None:
+        table(
+            "policy changes",
+            ("when", "field", "from", "to", "by"),
+            [
+                (
+                    time.strftime("%H:%M:%S", time.localtime(r["ts"])),
+                    r["field"],
+                    r["old_value"],
+                    r["new_value"],
+                    r["requested_by"],
+                )
+                for r in rows
+            ],
+        )
+
+    call(target(url, token, config), body, render, json_out, lambda rows: {"changes": rows})

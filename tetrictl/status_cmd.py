@@ -1,0 +1,181 @@
+"""`tetrictl status`, `instances ls|show`, `requests ls|show|cancel`: read the cluster over the admin API."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+
+from .client import TetriClient
+from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, ago, call, target
+from .output import fail, out, table
+
+instances_app = typer.Typer(help="Prefill/decode/colocated instances.", no_args_is_help=True)
+requests_app = typer.Typer(help="Requests in the status table.", no_args_is_help=True)
+
+PHASES = ("queued", "prefill", "transfer", "decode", "done")
+STATUSES = ("running", "finished", "failed", "cancelled", "rejected", "interrupted")
+INSTANCE_COLUMNS = ("id", "role", "state", "queued", "running", "KV %", "tokens/s", "preempt", "report age")
+
+
+def instance_row(i: dict[str, Any]) -> list[Any]:
+    return [
+        i["id"],
+        i["role"],
+        i["state"],
+        i["queued"],
+        i["running"],
+        f"{100 * i['kv_usage']:.0f}%",
+        round(i["tokens_per_s"], 1),
+        i["preemptions"],
+        f"{i['last_report_age_s']:.1f}s",
+    ]
+
+
+def status(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+    """Cluster summary: model, mode, instances by role, requests by status, policies."""
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        doc: dict[str, Any] = await c.cluster()
+        doc["instance_list"] = await c.instances()
+        doc["policies"] = (await c.policies())["policies"]
+        return doc
+
+    def render(d: dict[str, Any]) -> None:
+        roles = ", ".join(f"{r} {v['active']}/{v['total']} active" for r, v in sorted(d["instances"].items()))
+        out.print(f"[bold]{d['model']}[/] · {d['mode']} · up {d['uptime_s']:.0f}s · {roles or 'no instances'}")
+        byst = ", ".join(f"{k} {v:,}" for k, v in sorted(d["requests_by_status"].items())) or "none yet"
+        out.print(f"in flight {d['inflight']:,}  ·  requests: {byst}")
+        p = d["policies"]
+        out.print(
+            f"policies: prefill {p['prefill_policy']} (batch {p['prefill_sched_batch']}, chunk {p['chunk_size']}), "
+            f"predictor {p['predictor']}, dispatch {p['dispatch']}, decode {p['decode_admission']}, "
+            f"flips {p['flip_policy']}"
+        )
+        table("instances", INSTANCE_COLUMNS, [instance_row(i) for i in d["instance_list"]])
+
+    call(target(url, token, config), body, render, json_out)
+
+
+@instances_app.command("ls")
+def instances_ls(
+    url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False
+) -> None:
+    """List instances with their load."""
+
+    async def body(c: TetriClient) -> list[dict[str, Any]]:
+        return await c.instances()
+
+    call(
+        target(url, token, config),
+        body,
+        lambda rows: table("instances", INSTANCE_COLUMNS, [instance_row(i) for i in rows]),
+        json_out,
+        lambda rows: {"instances": rows},
+    )
+
+
+@instances_app.command("show")
+def instances_show(
+    instance_id: Annotated[str, typer.Argument(help="Instance id (see `instances ls`).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One instance: load, KV, address, policy version."""
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        return await c.instance(instance_id)
+
+    call(target(url, token, config), body, lambda d: table(d["id"], ("field", "value"), list(d.items())), json_out)
+
+
+REQUEST_COLUMNS = ("id", "phase", "status", "prompt", "output", "TTFT ms", "JCT ms", "prefill", "decode", "arrived")
+
+
+@requests_app.command("ls")
+def requests_ls(
+    phase: Annotated[str | None, typer.Option(help=f"Only this phase: {', '.join(PHASES)}.")] = None,
+    status_: Annotated[str | None, typer.Option("--status", help=f"Only this status: {', '.join(STATUSES)}.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (1–1000), newest first.")] = 20,
+    offset: Annotated[int, typer.Option(help="Skip this many (pagination).")] = 0,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List requests from the status table, newest first."""
+    if phase is not None and phase not in PHASES:
+        fail(f"--phase must be one of {', '.join(PHASES)}, not {phase!r}")
+    if status_ is not None and status_ not in STATUSES:
+        fail(f"--status must be one of {', '.join(STATUSES)}, not {status_!r}")
+    if not 1 <= limit <= 1000:
+        fail(f"--limit must be within 1–1000, not {limit}")
+    if offset < 0:
+        fail(f"--offset must be ≥ 0, not {offset}")
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        return await c.requests(phase, status_, limit, offset)
+
+    def render(d: dict[str, Any]) -> None:
+        now = time.time()
+        rows = [
+            [
+                r["id"],
+                r["phase"],
+                r["status"],
+                r["prompt_tokens"],
+                r["output_tokens"],
+                r["ttft_ms"],
+                r["jct_ms"],
+                r["prefill_instance"],
+                r["decode_instance"],
+                ago(r["arrival_ts"], now),
+            ]
+            for r in d["requests"]
+        ]
+        table(f"requests {offset + 1}–{offset + len(rows)} of {d['total']:,}", REQUEST_COLUMNS, rows)
+
+    call(target(url, token, config), body, render, json_out)
+
+
+@requests_app.command("show")
+def requests_show(
+    request_id: Annotated[str, typer.Argument(help="Request id.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One request: its row and its timeline (queued → prefill → first token → decode → done)."""
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        return await c.request(request_id)
+
+    def render(d: dict[str, Any]) -> None:
+        fields = [(k, v) for k, v in d.items() if k != "timeline" and v is not None]
+        table(f"request {d['id']}", ("field", "value"), fields)
+        t0 = d["timeline"][0]["ts"] if d["timeline"] else 0.0
+        table(
+            "timeline", ("phase", "at (ms after arrival)"), [(p["phase"], 1000 * (p["ts"] - t0)) for p in d["timeline"]]
+        )
+
+    call(target(url, token, config), body, render, json_out)
+
+
+@requests_app.command("cancel")
+def requests_cancel(
+    request_id: Annotated[str, typer.Argument(help="Request id (must be in flight).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Cancel an in-flight request (exit 1 if it is no longer in flight)."""
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        return await c.cancel(request_id)
+
+    call(target(url, token, config), body, lambda d: out.print(f"cancelled {d['id']}"), json_out)
