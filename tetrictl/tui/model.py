@@ -9,7 +9,7 @@ from typing import Any
 
 from daemon.scheduling.flip import InstanceView, TransitionWatcher
 
-BLOCKS = " ▁▂▃▄▅▆▇█"
+BLOCKS = "▁▂▃▄▅▆▇█"
 QUEUE_FULL = TransitionWatcher.queue_full  # queued requests that count as a fully loaded instance
 HISTORY = 60  # samples kept per sparkline (30 s at 2 Hz)
 
@@ -89,7 +89,7 @@ def request_cells(r: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
-def timeline_text(doc: dict[str, Any], width: int = 40) -> str:
+def timeline_text(doc: dict[str, Any], width: int = 24) -> str:
     """One request's timeline: arrival → prefill → first token → decode → done, ms after arrival, as bars."""
     points = doc.get("timeline") or []
     if not points:

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Input, Label, ProgressBar, Select, Static
+from textual.widgets import Button, Footer, Header, Input, Label, ProgressBar, Select, Static
 
 from ..output import fmt
 from ..replay import ORDERS, Progress
@@ -50,6 +50,7 @@ class ReplayScreen(Screen[None]):
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
+        yield Header()
         with Vertical(id="replay"):
             yield Label("[b]Plan replay[/b] — a Sorted-F plan's backlog on one decode instance", id="replay-title")
             with Horizontal(id="replay-form"):
