@@ -81,8 +81,8 @@ def main() -> None:
             w = generate(Mix.parse("short"), args.n, seed=seed)
             w, _ = w.check_memory(min(capacity, max_len), drop_oversized=True)
             docs = {p: build_plan(w, capacity, run_policy(p, w, capacity), 0.0) for p in ("sorted-f", "fcfs")}
-            sf_info, sf = asyncio.run(replay(cluster.url, docs["sorted-f"], "plan"))
-            ff_info, ff = asyncio.run(replay(cluster.url, docs["sorted-f"], "fcfs"))
+            _, sf = asyncio.run(replay(cluster.url, docs["sorted-f"], "plan"))
+            _, ff = asyncio.run(replay(cluster.url, docs["sorted-f"], "fcfs"))
             assert sf.failed == 0 and ff.failed == 0, (sf, ff)
             sf_tel = (sf.measured_tel_s or 0) * args.time_scale
             ff_tel = (ff.measured_tel_s or 0) * args.time_scale

@@ -17,12 +17,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
 from daemon.des.cluster import ClusterConfig, InstanceRecord, RequestRecord, RunResult
 from daemon.des.experiments import Runner
 from daemon.des.workloads import Request
 
+from .client import Target, TetriClient
 from .procs import start_local_cluster
 
 
@@ -32,26 +31,41 @@ def _roles(config: ClusterConfig) -> list[str]:
     return ["prefill"] * config.prefill_instances + ["decode"] * (config.instances - config.prefill_instances)
 
 
-async def _replay(url: str, requests: Sequence[Request], scale: float) -> dict[str, str]:
+async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> dict[str, str]:
     """Send every request at its (scaled) arrival time; returns workload id → daemon request id."""
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     ids: dict[str, str] = {}
-    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as h:
-        t0 = time.monotonic()
+    t0 = time.monotonic()
 
-        async def one(r: Request) -> None:
-            await asyncio.sleep(max(0.0, r.arrival / scale - (time.monotonic() - t0)))
-            body = {
-                "model": "tetri-sim",
-                "prompt": [1 + (i % 250) for i in range(r.prompt_len)],
-                "max_tokens": r.output_len,
-            }
-            resp = await h.post("/v1/completions", json=body)
-            resp.raise_for_status()
-            ids[r.request_id] = resp.json()["id"]
+    async def one(r: Request) -> None:
+        await asyncio.sleep(max(0.0, r.arrival / scale - (time.monotonic() - t0)))
+        body = {
+            "model": "tetri-sim",
+            "prompt": [1 + (i % 250) for i in range(r.prompt_len)],
+            "max_tokens": r.output_len,
+        }
+        ids[r.request_id] = (await c.complete(body))["id"]
 
-        await asyncio.gather(*(one(r) for r in requests))
+    await asyncio.gather(*(one(r) for r in requests))
     return ids
+
+
+async def _run(
+    url: str, config: ClusterConfig, requests: Sequence[Request], scale: float
+) -> tuple[dict[str, str], dict[str, dict], float, int]:
+    async with TetriClient(Target(url, None), timeout=30) as c:
+        if config.mode == "tetri":
+            await c.set_policies(config.policy.to_dict())
+        deadline = time.monotonic() + 10  # every worker runs the policies before the first request
+        while {i["policy_version"] for i in await c.instances()} != {(await c.policies())["version"]}:
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not take the policies")
+            await asyncio.sleep(0.05)
+        t_start = time.time()
+        ids = await _replay(c, requests, scale)
+        await asyncio.sleep(0.3)  # one flush of the batched status-table writes
+        rows = {r["id"]: r for r in await c.all_requests()}
+        preempt = sum(i["preemptions"] for i in await c.instances())
+    return ids, rows, t_start, preempt
 
 
 def live_runner(time_scale: float = 1.0) -> Runner:
@@ -68,29 +82,7 @@ def live_runner(time_scale: float = 1.0) -> Runner:
             mode="colocated" if config.mode == "vanilla" else "disaggregated",
         )
         try:
-            with httpx.Client(base_url=cluster.url, timeout=30) as h:
-                if config.mode == "tetri":
-                    r = h.put("/api/v1/policies", json=config.policy.to_dict())
-                    r.raise_for_status()
-                deadline = time.monotonic() + 10  # every worker runs the policies before the first request
-                while {i["policy_version"] for i in h.get("/api/v1/instances").json()["instances"]} != {
-                    h.get("/api/v1/policies").json()["version"]
-                }:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("workers did not take the policies")
-                    time.sleep(0.05)
-                t_start = time.time()
-                ids = asyncio.run(_replay(cluster.url, requests, time_scale))
-                time.sleep(0.3)  # one flush of the batched status-table writes
-                rows = {}
-                offset = 0
-                while True:
-                    page = h.get("/api/v1/requests", params={"limit": 1000, "offset": offset}).json()
-                    rows.update({r["id"]: r for r in page["requests"]})
-                    offset += 1000
-                    if offset >= page["total"]:
-                        break
-                preempt = sum(i["preemptions"] for i in h.get("/api/v1/instances").json()["instances"])
+            ids, rows, t_start, preempt = asyncio.run(_run(cluster.url, config, requests, time_scale))
         finally:
             cluster.stop()
         return _result(requests, ids, rows, t_start, time_scale, preempt)

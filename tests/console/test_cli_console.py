@@ -47,6 +47,11 @@ def fails(r: subprocess.CompletedProcess[str], code: int, needle: str) -> None:
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def active_decodes(c: LiveCluster) -> list[str]:
+    insts = ok_json(c, "instances", "ls")["instances"]
+    return sorted(i["id"] for i in insts if i["role"] == "decode" and i["state"] == "active")
+
+
 def complete(c: LiveCluster, n: int, max_tokens: int = 8) -> list[str]:
     with httpx.Client(base_url=c.url, timeout=60) as h:
         return [
@@ -143,13 +148,13 @@ def test_policy_and_flip_policy(cluster: LiveCluster):
 
 
 def test_flip_wait_and_refusals(cluster: LiveCluster):
-    decode = sorted(i["id"] for i in ok_json(cluster, "instances", "ls")["instances"] if i["role"] == "decode")[0]
+    decode = active_decodes(cluster)[0]
     row = ok_json(cluster, "flip", decode, "--to", "prefill", "--wait", "--reason", "test")
     assert row["outcome"] == "done" and row["to_role"] == "prefill" and row["reason"] == "test"
     assert ok_json(cluster, "instances", "show", decode)["role"] == "prefill"
     assert any(f["id"] == row["id"] for f in ok_json(cluster, "flips")["flips"])
     assert "flips" in ctl(cluster, "flips").stdout
-    last_decode = next(i["id"] for i in ok_json(cluster, "instances", "ls")["instances"] if i["role"] == "decode")
+    last_decode = active_decodes(cluster)[0]
     fails(ctl(cluster, "flip", last_decode), exitcodes.REFUSED, "last active decode instance")
     fails(ctl(cluster, "flip", "nope"), exitcodes.USAGE, "no instance 'nope'")
     fails(ctl(cluster, "flip", decode, "--to", "sideways"), exitcodes.USAGE, "--to must be prefill or decode")
@@ -160,7 +165,8 @@ def test_flip_wait_and_refusals(cluster: LiveCluster):
 
 def test_plan_replay_follows_the_plan_and_restores_the_instance(cluster: LiveCluster, tmp_path: Path):
     w = tmp_path / "w.jsonl"
-    w.write_text("".join(json.dumps({"id": f"q{k}", "prompt_tokens": 40 + k, "output_tokens": 600 - 40 * k}) + "\n" for k in range(12)))
+    rows = [{"id": f"q{k}", "prompt_tokens": 40 + k, "output_tokens": 600 - 40 * k} for k in range(12)]
+    w.write_text("".join(json.dumps(r) + "\n" for r in rows))
     plan = tmp_path / "plan.json"
     r = subprocess.run(
         [sys.executable, "-m", "tetrictl.app", "plan", "solve", str(w), "-M", "4192", "-o", str(plan), "--json"],
@@ -169,7 +175,7 @@ def test_plan_replay_follows_the_plan_and_restores_the_instance(cluster: LiveClu
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    decode = sorted(i["id"] for i in ok_json(cluster, "instances", "ls")["instances"] if i["role"] == "decode")[1]
+    decode = active_decodes(cluster)[1]
     doc = ok_json(cluster, "plan", "replay", str(plan), "--instance", decode)
     prog = doc["progress"]
     assert doc["instance_id"] == decode and doc["plan_memory"] == 4192 and doc["kv_capacity_tokens"] == 4192
@@ -224,7 +230,6 @@ def test_bad_url_and_config_are_usage_errors(tmp_path: Path):
     fails(ctl(None, "status", url="localhost:8000"), exitcodes.USAGE, "must start with http://")
     cfg = tmp_path / "ctl.toml"
     cfg.write_text("[ctl\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "tetrictl.app", "status", "--config", str(cfg)], capture_output=True, text=True, timeout=60
-    )
+    args = [sys.executable, "-m", "tetrictl.app", "status", "--config", str(cfg)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60)
     fails(r, exitcodes.USAGE, f"config {cfg}")
