@@ -63,9 +63,24 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TETRI_WORKER_", extra="forbid")
 
     role: Role = Field("prefill", description="prefill, decode or colocated.")
-    engine: Literal["sim"] = Field("sim", description="Compute engine: sim (vllm comes with its issue).")
+    engine: Literal["sim", "vllm"] = Field("sim", description="Compute engine: sim, or vllm (the optional extra).")
     profile: str = Field("opt-13b-v100", description="Sim engine profile (workers/engines/profiles.toml).")
     time_scale: float = Field(1.0, gt=0, description="Sim engine: model seconds per wall second.")
+    model: str | None = Field(None, description="vllm: a local Hugging Face model directory.")
+    kv_connector: Literal["ExampleConnector", "NixlConnector", "P2pNcclConnector"] = Field(
+        "ExampleConnector", description="vllm: the KV connector (docs/vllm.md)."
+    )
+    kv_store: str = Field("/tmp/tetri-kv", description="vllm + ExampleConnector: the shared KV storage path.")
+    kv_both: bool = Field(False, description="vllm: connector role kv_both, so a flip keeps the engine.")
+    on_missing_kv: Literal["error", "recompute"] = Field(
+        "error", description="vllm decode: a hand-over whose KV never arrives fails, or recomputes the prompt."
+    )
+    kv_wait_s: float = Field(5.0, gt=0, description="vllm decode: how long to wait for handed-over KV.")
+    chunk_size: int = Field(512, ge=16, description="vllm: max_num_batched_tokens (ChunkSize, chunked prefill on).")
+    max_model_len: int | None = Field(None, ge=16, description="vllm: context length (default: the model's).")
+    block_size: int | None = Field(None, ge=1, description="vllm: KV block size (default: the platform's).")
+    max_num_seqs: int = Field(64, ge=1, description="vllm: most sequences in a batch.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm on GPUs: memory share to use.")
     instance_id: str | None = Field(None, description="Instance id; default <role>-<port>.")
     host: str = Field("127.0.0.1", description="Bind address of the worker's gRPC service.")
     port: int = Field(0, ge=0, le=65535, description="Port of the worker's gRPC service; 0 = any free port.")

@@ -299,6 +299,8 @@ class Gateway:
                     yield chunk.handoff
                     return
                 if chunk.finished:
+                    if fl.phase in (Phase.TRANSFER, Phase.DECODE) and chunk.kv_loaded_tokens >= 0:
+                        self._update(fl, kv_loaded_tokens=chunk.kv_loaded_tokens)
                     if chunk.finish_reason == "abort" or fl.cancelled:  # however the worker reports the abort
                         yield Finished("cancelled", fl.produced)
                     elif chunk.finish_reason == "error":

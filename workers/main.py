@@ -33,6 +33,25 @@ def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
         from .engines.sim import SimEngine
 
         return SimEngine(load_profile(settings.profile), settings.role, instance_id, ScaledClock(settings.time_scale))
+    if settings.engine == "vllm":
+        from .engines.vllm.engine import VllmEngine, VllmOptions  # vllm loads only here
+
+        if not settings.model:
+            raise ValueError("--engine vllm needs --model DIR (a local Hugging Face model directory)")
+        opts = VllmOptions(
+            model=settings.model,
+            connector=settings.kv_connector,
+            kv_store=settings.kv_store,
+            kv_both=settings.kv_both,
+            on_missing_kv=settings.on_missing_kv,
+            kv_wait_s=settings.kv_wait_s,
+            chunk_size=settings.chunk_size,
+            max_model_len=settings.max_model_len,
+            block_size=settings.block_size,
+            max_num_seqs=settings.max_num_seqs,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+        )
+        return VllmEngine(opts, settings.role, instance_id)
     raise ValueError(f"unknown engine {settings.engine!r}")
 
 
@@ -107,8 +126,14 @@ if __name__ == "__main__":
     from daemon.config import ConfigError, load_worker_settings
 
     ap = argparse.ArgumentParser(description="Run one Tetri worker.")
-    for flag in ("role", "engine", "profile", "instance-id", "host", "daemon", "token"):
+    for flag in ("role", "engine", "profile", "instance-id", "host", "daemon", "token", "model", "kv-connector"):
         ap.add_argument(f"--{flag}")
+    for flag in ("kv-store", "on-missing-kv"):
+        ap.add_argument(f"--{flag}")
+    ap.add_argument("--kv-both", action="store_true", default=None)
+    for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
+        ap.add_argument(f"--{flag}", type=int)
+    ap.add_argument("--kv-wait-s", type=float)
     ap.add_argument("--port", type=int)
     ap.add_argument("--time-scale", type=float)
     ap.add_argument("--config")
@@ -125,6 +150,16 @@ if __name__ == "__main__":
             token=a.token,
             port=a.port,
             time_scale=a.time_scale,
+            model=a.model,
+            kv_connector=a.kv_connector,
+            kv_store=a.kv_store,
+            kv_both=a.kv_both,
+            on_missing_kv=a.on_missing_kv,
+            kv_wait_s=a.kv_wait_s,
+            chunk_size=a.chunk_size,
+            max_model_len=a.max_model_len,
+            block_size=a.block_size,
+            max_num_seqs=a.max_num_seqs,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -90,6 +90,7 @@ class _DecodeJob:
     queue: asyncio.Queue[object]
     task: asyncio.Task[None] | None = None
     produced: int = 1  # the first token came from the prefill instance
+    kv_tokens: int = 0  # prompt tokens in the handed-over KV
 
     def predicted_remaining(self) -> int:
         lo = self.req.predicted_output[0] if self.req.predicted_output else self.req.max_tokens
@@ -329,7 +330,7 @@ class WorkerService(rpc.WorkerServicer):
             request.kv.source_instance_id,
             dict(request.kv.params),
         )
-        job = _DecodeJob(req, asyncio.Queue())
+        job = _DecodeJob(req, asyncio.Queue(), kv_tokens=kv.num_tokens)
         job.task = asyncio.create_task(self._decode(job, kv, request.first_token))
         self.jobs[req.request_id] = job
         return pb.AcceptReply(accepted=True)
@@ -363,6 +364,8 @@ class WorkerService(rpc.WorkerServicer):
         try:
             async for chunk in _chunks(rid, job.queue, 1, job.req.max_tokens):
                 finished = chunk.finished
+                if finished:
+                    chunk.kv_loaded_tokens = self._kv_loaded(rid, job)
                 yield chunk
         finally:
             self.jobs.pop(rid, None)
@@ -408,12 +411,17 @@ class WorkerService(rpc.WorkerServicer):
             await asyncio.sleep(0.01)
         drained = asyncio.get_running_loop().time()
         self.state = "flipping"
-        old = self.engine
-        new = self.engine_factory(to)
-        await new.start()
-        self.engine, self.role = new, to
-        self.apply_policies(self.policies, self.policy_version)
-        await old.stop()
+        set_role = getattr(self.engine, "set_role", None)
+        if set_role is not None and set_role(to):  # the engine plays both roles (vLLM with kv_both)
+            self.role = to
+            self.apply_policies(self.policies, self.policy_version)
+        else:
+            old = self.engine
+            new = self.engine_factory(to)
+            await new.start()
+            self.engine, self.role = new, to
+            self.apply_policies(self.policies, self.policy_version)
+            await old.stop()
         self.state = "active"
         return pb.FlipReply(ok=True, drained_at=drained)
 
@@ -429,6 +437,14 @@ class WorkerService(rpc.WorkerServicer):
         set_plan([] if request.clear else list(request.order))
         self.apply_policies(self.policies, self.policy_version)
         return pb.PlanReply(ok=True)
+
+    def _kv_loaded(self, rid: str, job: _DecodeJob) -> int:
+        """Prompt tokens this decode took from the hand-over rather than recomputing; -1 when unknown."""
+        loaded = getattr(self.engine, "kv_loaded", None)
+        if loaded is not None:
+            n = loaded(rid)
+            return -1 if n is None else int(n)
+        return job.kv_tokens  # the sim engine loads the whole handle
 
     def _engine_busy(self) -> bool:
         u = self.engine.usage()

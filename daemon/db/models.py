@@ -66,6 +66,7 @@ class RequestRow(Base):
     # the length predictor's range at admission, and the prompt's first tokens (JSON) it learns from
     predicted_lo: Mapped[int | None] = mapped_column(Integer, nullable=True)
     predicted_hi: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    kv_loaded_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)  # decode: KV from the hand-over
     prompt_sample: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0btetri.proto\x12\x08tetri.v1\"\x9b\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x04 \x01(\t\x12\x14\n\x0cpredicted_lo\x18\x05 \x01(\x05\x12\x14\n\x0cpredicted_hi\x18\x06 \x01(\x05\"\xc0\x01\n\x08KVHandle\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x1a\n\x12source_instance_id\x18\x04 \x01(\t\x12.\n\x06params\x18\x05 \x03(\x0b\x32\x1e.tetri.v1.KVHandle.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x07Handoff\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x02 \x01(\t\"\x8f\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x07handoff\x18\x05 \x01(\x0b\x32\x11.tetri.v1.Handoff\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"p\n\rAcceptRequest\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.tetri.v1.GenerateRequest\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\x05\x12\x1e\n\x02kv\x18\x03 \x01(\x0b\x32\x12.tetri.v1.KVHandle\"/\n\x0b\x41\x63\x63\x65ptReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"#\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1c\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x1e\n\x0b\x46lipRequest\x12\x0f\n\x07to_role\x18\x01 \x01(\t\";\n\tFlipReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\ndrained_at\x18\x03 \x01(\x01\"+\n\x0bPlanRequest\x12\r\n\x05order\x18\x01 \x03(\t\x12\r\n\x05\x63lear\x18\x02 \x01(\x08\"\'\n\tPlanReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"x\n\tInfoReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\"\n\x04load\x18\x05 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\xa8\x02\n\nLoadReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x16\n\x0ekv_used_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x08 \x01(\x01\x12\x13\n\x0bpreemptions\x18\t \x01(\x03\x12\x11\n\ttimestamp\x18\n \x01(\x01\x12\r\n\x05heavy\x18\x0b \x01(\x05\x12\r\n\x05light\x18\x0c \x01(\x05\x12\x1f\n\x17predicted_growth_tokens\x18\r \x01(\x03\x12\x16\n\x0epolicy_version\x18\x0e \x01(\x03\"\x87\x01\n\x0fRegisterRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmax_model_len\x18\x05 \x01(\x05\x12\x1a\n\x12kv_capacity_tokens\x18\x06 \x01(\x03\"L\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x19\n\x11report_interval_s\x18\x03 \x01(\x01\"^\n\x12\x44\x65\x63odeInstanceLoad\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\"\n\x04load\x18\x03 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\x88\x01\n\x13\x44\x65\x63odeLoadBroadcast\x12/\n\tinstances\x18\x01 \x03(\x0b\x32\x1c.tetri.v1.DecodeInstanceLoad\x12\x11\n\ttimestamp\x18\x02 \x01(\x01\x12\x15\n\rpolicies_json\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x32\x95\x03\n\x06Worker\x12=\n\x08Generate\x12\x19.tetri.v1.GenerateRequest\x1a\x14.tetri.v1.TokenChunk0\x01\x12\x38\n\x06\x41\x63\x63\x65pt\x12\x17.tetri.v1.AcceptRequest\x1a\x15.tetri.v1.AcceptReply\x12\x39\n\x06\x41ttach\x12\x17.tetri.v1.AttachRequest\x1a\x14.tetri.v1.TokenChunk0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.tetri.v1.CancelRequest\x1a\x15.tetri.v1.CancelReply\x12\x32\n\x04Info\x12\x15.tetri.v1.InfoRequest\x1a\x13.tetri.v1.InfoReply\x12\x32\n\x04\x46lip\x12\x15.tetri.v1.FlipRequest\x1a\x13.tetri.v1.FlipReply\x12\x35\n\x07SetPlan\x12\x15.tetri.v1.PlanRequest\x1a\x13.tetri.v1.PlanReply2\x95\x01\n\x0c\x43ontrolPlane\x12>\n\x08Register\x12\x19.tetri.v1.RegisterRequest\x1a\x17.tetri.v1.RegisterReply\x12\x45\n\nReportLoad\x12\x14.tetri.v1.LoadReport\x1a\x1d.tetri.v1.DecodeLoadBroadcast(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0btetri.proto\x12\x08tetri.v1\"\x9b\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x04 \x01(\t\x12\x14\n\x0cpredicted_lo\x18\x05 \x01(\x05\x12\x14\n\x0cpredicted_hi\x18\x06 \x01(\x05\"\xc0\x01\n\x08KVHandle\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x1a\n\x12source_instance_id\x18\x04 \x01(\t\x12.\n\x06params\x18\x05 \x03(\x0b\x32\x1e.tetri.v1.KVHandle.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x07Handoff\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x02 \x01(\t\"\xa9\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x07handoff\x18\x05 \x01(\x0b\x32\x11.tetri.v1.Handoff\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x18\n\x10kv_loaded_tokens\x18\x07 \x01(\x05\"p\n\rAcceptRequest\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.tetri.v1.GenerateRequest\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\x05\x12\x1e\n\x02kv\x18\x03 \x01(\x0b\x32\x12.tetri.v1.KVHandle\"/\n\x0b\x41\x63\x63\x65ptReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"#\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1c\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x1e\n\x0b\x46lipRequest\x12\x0f\n\x07to_role\x18\x01 \x01(\t\";\n\tFlipReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\ndrained_at\x18\x03 \x01(\x01\"+\n\x0bPlanRequest\x12\r\n\x05order\x18\x01 \x03(\t\x12\r\n\x05\x63lear\x18\x02 \x01(\x08\"\'\n\tPlanReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"x\n\tInfoReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\"\n\x04load\x18\x05 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\xa8\x02\n\nLoadReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x16\n\x0ekv_used_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x08 \x01(\x01\x12\x13\n\x0bpreemptions\x18\t \x01(\x03\x12\x11\n\ttimestamp\x18\n \x01(\x01\x12\r\n\x05heavy\x18\x0b \x01(\x05\x12\r\n\x05light\x18\x0c \x01(\x05\x12\x1f\n\x17predicted_growth_tokens\x18\r \x01(\x03\x12\x16\n\x0epolicy_version\x18\x0e \x01(\x03\"\x87\x01\n\x0fRegisterRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmax_model_len\x18\x05 \x01(\x05\x12\x1a\n\x12kv_capacity_tokens\x18\x06 \x01(\x03\"L\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x19\n\x11report_interval_s\x18\x03 \x01(\x01\"^\n\x12\x44\x65\x63odeInstanceLoad\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\"\n\x04load\x18\x03 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\x88\x01\n\x13\x44\x65\x63odeLoadBroadcast\x12/\n\tinstances\x18\x01 \x03(\x0b\x32\x1c.tetri.v1.DecodeInstanceLoad\x12\x11\n\ttimestamp\x18\x02 \x01(\x01\x12\x15\n\rpolicies_json\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x32\x95\x03\n\x06Worker\x12=\n\x08Generate\x12\x19.tetri.v1.GenerateRequest\x1a\x14.tetri.v1.TokenChunk0\x01\x12\x38\n\x06\x41\x63\x63\x65pt\x12\x17.tetri.v1.AcceptRequest\x1a\x15.tetri.v1.AcceptReply\x12\x39\n\x06\x41ttach\x12\x17.tetri.v1.AttachRequest\x1a\x14.tetri.v1.TokenChunk0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.tetri.v1.CancelRequest\x1a\x15.tetri.v1.CancelReply\x12\x32\n\x04Info\x12\x15.tetri.v1.InfoRequest\x1a\x13.tetri.v1.InfoReply\x12\x32\n\x04\x46lip\x12\x15.tetri.v1.FlipRequest\x1a\x13.tetri.v1.FlipReply\x12\x35\n\x07SetPlan\x12\x15.tetri.v1.PlanRequest\x1a\x13.tetri.v1.PlanReply2\x95\x01\n\x0c\x43ontrolPlane\x12>\n\x08Register\x12\x19.tetri.v1.RegisterRequest\x1a\x17.tetri.v1.RegisterReply\x12\x45\n\nReportLoad\x12\x14.tetri.v1.LoadReport\x1a\x1d.tetri.v1.DecodeLoadBroadcast(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,41 +42,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDOFF']._serialized_start=378
   _globals['_HANDOFF']._serialized_end=439
   _globals['_TOKENCHUNK']._serialized_start=442
-  _globals['_TOKENCHUNK']._serialized_end=585
-  _globals['_ACCEPTREQUEST']._serialized_start=587
-  _globals['_ACCEPTREQUEST']._serialized_end=699
-  _globals['_ACCEPTREPLY']._serialized_start=701
-  _globals['_ACCEPTREPLY']._serialized_end=748
-  _globals['_ATTACHREQUEST']._serialized_start=750
-  _globals['_ATTACHREQUEST']._serialized_end=785
-  _globals['_CANCELREQUEST']._serialized_start=787
-  _globals['_CANCELREQUEST']._serialized_end=822
-  _globals['_CANCELREPLY']._serialized_start=824
-  _globals['_CANCELREPLY']._serialized_end=852
-  _globals['_FLIPREQUEST']._serialized_start=854
-  _globals['_FLIPREQUEST']._serialized_end=884
-  _globals['_FLIPREPLY']._serialized_start=886
-  _globals['_FLIPREPLY']._serialized_end=945
-  _globals['_PLANREQUEST']._serialized_start=947
-  _globals['_PLANREQUEST']._serialized_end=990
-  _globals['_PLANREPLY']._serialized_start=992
-  _globals['_PLANREPLY']._serialized_end=1031
-  _globals['_INFOREQUEST']._serialized_start=1033
-  _globals['_INFOREQUEST']._serialized_end=1046
-  _globals['_INFOREPLY']._serialized_start=1048
-  _globals['_INFOREPLY']._serialized_end=1168
-  _globals['_LOADREPORT']._serialized_start=1171
-  _globals['_LOADREPORT']._serialized_end=1467
-  _globals['_REGISTERREQUEST']._serialized_start=1470
-  _globals['_REGISTERREQUEST']._serialized_end=1605
-  _globals['_REGISTERREPLY']._serialized_start=1607
-  _globals['_REGISTERREPLY']._serialized_end=1683
-  _globals['_DECODEINSTANCELOAD']._serialized_start=1685
-  _globals['_DECODEINSTANCELOAD']._serialized_end=1779
-  _globals['_DECODELOADBROADCAST']._serialized_start=1782
-  _globals['_DECODELOADBROADCAST']._serialized_end=1918
-  _globals['_WORKER']._serialized_start=1921
-  _globals['_WORKER']._serialized_end=2326
-  _globals['_CONTROLPLANE']._serialized_start=2329
-  _globals['_CONTROLPLANE']._serialized_end=2478
+  _globals['_TOKENCHUNK']._serialized_end=611
+  _globals['_ACCEPTREQUEST']._serialized_start=613
+  _globals['_ACCEPTREQUEST']._serialized_end=725
+  _globals['_ACCEPTREPLY']._serialized_start=727
+  _globals['_ACCEPTREPLY']._serialized_end=774
+  _globals['_ATTACHREQUEST']._serialized_start=776
+  _globals['_ATTACHREQUEST']._serialized_end=811
+  _globals['_CANCELREQUEST']._serialized_start=813
+  _globals['_CANCELREQUEST']._serialized_end=848
+  _globals['_CANCELREPLY']._serialized_start=850
+  _globals['_CANCELREPLY']._serialized_end=878
+  _globals['_FLIPREQUEST']._serialized_start=880
+  _globals['_FLIPREQUEST']._serialized_end=910
+  _globals['_FLIPREPLY']._serialized_start=912
+  _globals['_FLIPREPLY']._serialized_end=971
+  _globals['_PLANREQUEST']._serialized_start=973
+  _globals['_PLANREQUEST']._serialized_end=1016
+  _globals['_PLANREPLY']._serialized_start=1018
+  _globals['_PLANREPLY']._serialized_end=1057
+  _globals['_INFOREQUEST']._serialized_start=1059
+  _globals['_INFOREQUEST']._serialized_end=1072
+  _globals['_INFOREPLY']._serialized_start=1074
+  _globals['_INFOREPLY']._serialized_end=1194
+  _globals['_LOADREPORT']._serialized_start=1197
+  _globals['_LOADREPORT']._serialized_end=1493
+  _globals['_REGISTERREQUEST']._serialized_start=1496
+  _globals['_REGISTERREQUEST']._serialized_end=1631
+  _globals['_REGISTERREPLY']._serialized_start=1633
+  _globals['_REGISTERREPLY']._serialized_end=1709
+  _globals['_DECODEINSTANCELOAD']._serialized_start=1711
+  _globals['_DECODEINSTANCELOAD']._serialized_end=1805
+  _globals['_DECODELOADBROADCAST']._serialized_start=1808
+  _globals['_DECODELOADBROADCAST']._serialized_end=1944
+  _globals['_WORKER']._serialized_start=1947
+  _globals['_WORKER']._serialized_end=2352
+  _globals['_CONTROLPLANE']._serialized_start=2355
+  _globals['_CONTROLPLANE']._serialized_end=2504
 # @@protoc_insertion_point(module_scope)

@@ -52,20 +52,22 @@ class Handoff(_message.Message):
     def __init__(self, decode_instance_id: _Optional[str] = ..., decode_address: _Optional[str] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("request_id", "token_ids", "finished", "finish_reason", "handoff", "error")
+    __slots__ = ("request_id", "token_ids", "finished", "finish_reason", "handoff", "error", "kv_loaded_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    KV_LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
     finish_reason: str
     handoff: Handoff
     error: str
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., handoff: _Optional[_Union[Handoff, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    kv_loaded_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., handoff: _Optional[_Union[Handoff, _Mapping]] = ..., error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ...) -> None: ...
 
 class AcceptRequest(_message.Message):
     __slots__ = ("request", "first_token", "kv")

@@ -1,0 +1,428 @@
+"""VllmEngine: the `Engine` interface over vLLM's v1 `AsyncLLM`, in the worker process.
+
+* prefill role: prompts wait in our prefill queue (`FixedBatchPrefill`: fcfs / sjf / ljf within
+  PrefillSchedBatch groups) and are handed to vLLM in that order while the prompt tokens in vLLM stay
+  within ChunkSize; each runs with ``max_tokens=1`` and the KV connector as producer. The first token
+  and the connector's transfer parameters make the `PrefillOutput`.
+* decode role: ``load_kv`` checks the KV is there (ExampleConnector: the producer's folder, waiting up
+  to ``kv_wait_s``; a missing one is an `EngineError` or a recompute, per ``on_missing_kv``);
+  ``decode`` waits for our admission policy (`daemon.scheduling.admission.admit` over this engine's KV
+  capacity, blocks × block size) and then continues ``prompt + [first token]`` with the connector as
+  consumer, streaming tokens. vLLM reports how many prompt tokens came from the connector
+  (``num_cached_tokens``, prefix caching off): `kv_loaded`.
+* colocated role: vLLM as is (the vanilla baseline): one engine, both phases, its own scheduler.
+
+ChunkSize is vLLM's ``max_num_batched_tokens`` (chunked prefill on), fixed when the engine starts.
+Greedy decoding (temperature 0). With ``kv_both`` the connector both produces and consumes, so a flip
+changes the role without restarting vLLM (`set_role`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.scheduling.admission import Running, Waiting, admit
+from daemon.scheduling.policyset import PolicySet
+from daemon.scheduling.prefill import FixedBatchPrefill, PrefillItem
+from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
+
+from . import connectors
+
+ROLES = ("prefill", "decode", "colocated")
+TOKENS_PER_S_WINDOW_S = 2.0
+
+# vLLM logs to stdout by default; a worker's stdout carries its ready line to a parent that may stop
+# reading it, so vLLM (and the engine processes it spawns) log to stderr instead
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    model: str  # a local Hugging Face model directory
+    connector: str = "ExampleConnector"
+    kv_store: str = "/tmp/tetri-kv"  # ExampleConnector's shared storage path
+    kv_both: bool = False  # one connector role for both phases: flips keep the engine
+    on_missing_kv: str = "error"  # error | recompute
+    kv_wait_s: float = 5.0
+    chunk_size: int = 512  # max_num_batched_tokens
+    max_model_len: int | None = None
+    block_size: int | None = None
+    max_num_seqs: int = 64
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = True
+    connector_extra: tuple[tuple[str, Any], ...] = ()
+
+
+class _Stats:
+    """A vLLM stat logger that keeps the latest scheduler stats (KV usage, running, waiting, preemptions)."""
+
+    def __init__(self) -> None:
+        self.kv_cache_usage = 0.0
+        self.running = 0
+        self.waiting = 0
+        self.preemptions = 0
+
+    def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        stats = self
+
+        class Logger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+                if scheduler_stats is not None:
+                    stats.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+                    stats.running = int(scheduler_stats.num_running_reqs)
+                    stats.waiting = int(scheduler_stats.num_waiting_reqs)
+                if iteration_stats is not None:
+                    stats.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return Logger(vllm_config, engine_index)
+
+
+@dataclass
+class _Decode:
+    req: EngineRequest
+    context: int
+    produced: int = 0
+    admitted: asyncio.Event | None = None
+
+
+class VllmEngine(Engine):
+    def __init__(self, options: VllmOptions, role: str, instance_id: str) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        if options.on_missing_kv not in ("error", "recompute"):
+            raise ValueError("on_missing_kv must be error or recompute")
+        self.options = options
+        self.role = role
+        self.instance_id = instance_id
+        self.model_name = os.path.basename(os.path.normpath(options.model))
+        self.max_model_len = options.max_model_len or 0
+        self.policies = PolicySet()
+        self.kv_capacity = 0
+        self.block_size = options.block_size or 0
+        self._llm: Any = None
+        self._stats = _Stats()
+        self._prefill_queue = FixedBatchPrefill()
+        self._prefill_waiters: dict[str, asyncio.Future[None]] = {}
+        self._prefill_inflight: dict[str, int] = {}
+        self._seq = itertools.count()
+        self._decodes: dict[str, _Decode] = {}
+        self._decode_waiting: list[str] = []
+        self._plan: list[str] = []
+        self._loaded: dict[str, int] = {}
+        self._params: dict[str, dict[str, str]] = {}  # request id → the KV handle's transfer parameters
+        self._recent: deque[tuple[float, int]] = deque()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def _engine_args(self) -> Any:
+        from vllm.config import KVTransferConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        o = self.options
+        kv = connectors.transfer_config(o.connector, self.role, o.kv_both, o.kv_store, dict(o.connector_extra))
+        if kv is not None and o.connector == "ExampleConnector":
+            os.makedirs(o.kv_store, exist_ok=True)
+        kwargs: dict[str, Any] = {
+            "model": o.model,
+            "skip_tokenizer_init": True,
+            "enforce_eager": o.enforce_eager,
+            "max_num_batched_tokens": o.chunk_size,
+            "enable_chunked_prefill": True,
+            "enable_prefix_caching": False,  # so num_cached_tokens counts only KV the connector loaded
+            "max_num_seqs": o.max_num_seqs,
+            "gpu_memory_utilization": o.gpu_memory_utilization,
+            "disable_log_stats": False,
+            "kv_transfer_config": KVTransferConfig(**kv) if kv else None,
+        }
+        if o.max_model_len:
+            kwargs["max_model_len"] = o.max_model_len
+        if o.block_size:
+            kwargs["block_size"] = o.block_size
+        return AsyncEngineArgs(**kwargs)
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self._engine_args()
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory])
+        cfg = self._llm.vllm_config
+        self.max_model_len = int(cfg.model_config.max_model_len)
+        self.block_size = int(cfg.cache_config.block_size)
+        self.kv_capacity = int(cfg.cache_config.num_gpu_blocks or 0) * self.block_size
+
+    async def stop(self) -> None:
+        llm, self._llm = self._llm, None
+        for fut in self._prefill_waiters.values():
+            if not fut.done():
+                fut.set_exception(EngineError(f"engine {self.instance_id} stopped"))
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+    def set_role(self, role: str) -> bool:
+        """Flip in place when the connector plays both roles; False when the engine must be rebuilt."""
+        if not self.options.kv_both or role == "colocated" or self.role == "colocated":
+            return False
+        self.role = role
+        return True
+
+    # --- policies ------------------------------------------------------------------------------------
+    def configure(self, policies: PolicySet | None = None, **_: Any) -> None:
+        if policies is not None:
+            self.policies = policies
+            self._prefill_queue.configure(policies.prefill_policy, policies.prefill_sched_batch)
+            self._pump_prefill()
+            self._admit_decodes()
+
+    def set_plan(self, order: list[str]) -> None:
+        self._plan = [rid for rid in dict.fromkeys(order) if rid not in self._decodes or self._waiting(rid)]
+        self._admit_decodes()
+
+    # --- prefill ---------------------------------------------------------------------------------------
+    async def prefill(self, req: EngineRequest) -> PrefillOutput:
+        self._check_role("prefill", "prefill")
+        self._validate(req)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._prefill_waiters[req.request_id] = fut
+        self._prefill_queue.add(PrefillItem(req.request_id, req.prompt_len, next(self._seq)))
+        self._pump_prefill()
+        try:
+            await fut  # our prefill order hands the prompt to vLLM
+            sp = self._sampling(1, connectors.prefill_params(self.options.connector))
+            first, out = None, None
+            async for out in self._llm.generate({"prompt_token_ids": list(req.prompt_token_ids)}, sp, req.request_id):
+                if out.outputs and out.outputs[0].token_ids:
+                    first = int(out.outputs[0].token_ids[0])
+            if first is None:
+                raise EngineError(f"request {req.request_id}: vLLM returned no token")
+        finally:
+            self._prefill_waiters.pop(req.request_id, None)
+            self._prefill_queue.remove(req.request_id)
+            self._prefill_inflight.pop(req.request_id, None)
+            self._pump_prefill()
+        self._count(1)
+        produced = getattr(out, "kv_transfer_params", None)
+        n = connectors.stored_tokens(req.prompt_len, self.block_size)
+        if not n:
+            self._drop_empty_prefix()
+        if self.options.connector == "ExampleConnector" and n:
+            folder = connectors.example_folder(self.options.kv_store, [*req.prompt_token_ids, first], self.block_size)
+            if folder is None or not os.path.isdir(folder):
+                # ExampleConnector skips the store when a folder for a prefix one block shorter exists
+                # (its own check looks one block short when the prompt is 1 past a block edge): nothing
+                # was handed over, so say so and let the decode side compute the prompt
+                n = 0
+        kv = KVHandle(
+            req.request_id,
+            n,
+            n * self._kv_bytes_per_token(),
+            self.instance_id,
+            connectors.handoff_params(self.options.connector, produced),
+        )
+        return PrefillOutput(first, kv)
+
+    def _pump_prefill(self) -> None:
+        """Hand queued prompts to vLLM in policy order while their tokens fit ChunkSize."""
+        budget = max(1, self.policies.chunk_size if self.policies else self.options.chunk_size)
+        room = budget - sum(self._prefill_inflight.values())
+        if room <= 0 and self._prefill_inflight:
+            return
+        for item in self._prefill_queue.next_batch(max(1, room)):
+            fut = self._prefill_waiters.get(item.request_id)
+            if fut is None or fut.done():
+                continue
+            self._prefill_inflight[item.request_id] = item.prompt_len
+            fut.set_result(None)
+
+    # --- decode ----------------------------------------------------------------------------------------
+    async def load_kv(self, req: EngineRequest, kv: KVHandle) -> None:
+        self._check_role("load_kv", "decode")
+        self._validate(req)
+        self._params[req.request_id] = dict(kv.params)
+        if self.options.connector != "ExampleConnector":
+            return  # NIXL / NCCL pull the KV while vLLM schedules the request
+        if kv.num_tokens == 0:
+            return  # nothing was handed over (a prompt within one block): vLLM computes the prompt
+        # the folder hashes whole blocks of the prompt only, so the first token (unknown here) does not matter
+        folder = connectors.example_folder(self.options.kv_store, [*req.prompt_token_ids, 0], self.block_size)
+        deadline = time.monotonic() + self.options.kv_wait_s
+        while folder is not None and not os.path.isdir(folder):
+            if time.monotonic() > deadline:
+                if self.options.on_missing_kv == "recompute":
+                    return
+                self._params.pop(req.request_id, None)
+                raise EngineError(
+                    f"request {req.request_id}: its KV never arrived from {kv.source_instance_id} "
+                    f"(no {folder} after {self.options.kv_wait_s:g}s)"
+                )
+            await asyncio.sleep(0.05)
+
+    async def decode(self, req: EngineRequest, first_token: int) -> AsyncIterator[int]:
+        self._check_role("decode", "decode")
+        d = _Decode(req, req.prompt_len + 1, admitted=asyncio.Event())
+        self._decodes[req.request_id] = d
+        self._decode_waiting.append(req.request_id)
+        self._admit_decodes()
+        try:
+            assert d.admitted is not None
+            await d.admitted.wait()
+            if req.max_tokens <= 1:
+                return
+            prompt = [*req.prompt_token_ids, first_token]
+            sp = self._sampling(req.max_tokens - 1, None)
+            params = connectors.decode_params(self._params.pop(req.request_id, {}))
+            if params:
+                sp.extra_args = {"kv_transfer_params": params}
+            seen = 0
+            async for out in self._llm.generate({"prompt_token_ids": prompt}, sp, req.request_id):
+                toks = out.outputs[0].token_ids if out.outputs else []
+                if seen == 0 and out.num_cached_tokens is not None:
+                    self._loaded[req.request_id] = int(out.num_cached_tokens)
+                    self._drop_empty_prefix()
+                for t in toks[seen:]:
+                    d.produced += 1
+                    self._count(1)
+                    yield int(t)
+                seen = len(toks)
+        finally:
+            self._decodes.pop(req.request_id, None)
+            self._params.pop(req.request_id, None)
+            with contextlib.suppress(ValueError):
+                self._decode_waiting.remove(req.request_id)
+            self._admit_decodes()
+
+    def _waiting(self, rid: str) -> bool:
+        return rid in self._decode_waiting
+
+    def _admit_decodes(self) -> None:
+        if self.role != "decode" or not self._decode_waiting:
+            return
+        running = [
+            Running(rid, d.context + d.produced, max(1, self._predicted(d) - d.produced))
+            for rid, d in self._decodes.items()
+            if rid not in self._decode_waiting
+        ]
+        waiting = [
+            Waiting(rid, self._decodes[rid].context, self._predicted(self._decodes[rid]))
+            for rid in self._decode_waiting
+        ]
+        policy = self.policies.decode_admission if self.policies else "greedy"
+        cap = self.kv_capacity or (1 << 30)
+        chosen = admit(policy, running, waiting, cap, self.options.max_num_seqs, plan_order=self._plan)
+        for rid in chosen:
+            self._decode_waiting.remove(rid)
+            if rid in self._plan:
+                self._plan.remove(rid)
+            ev = self._decodes[rid].admitted
+            if ev is not None:
+                ev.set()
+
+    @staticmethod
+    def _predicted(d: _Decode) -> int:
+        lo = d.req.predicted_output[0] if d.req.predicted_output else d.req.max_tokens
+        return max(1, min(lo, d.req.max_tokens))
+
+    def _drop_empty_prefix(self) -> None:
+        """Remove ExampleConnector's folder for the empty prefix (a prompt within one block stores it, with
+        no KV): while it exists the connector skips storing a prompt one token past a block edge. Safe to
+        remove at any time: loading it loads nothing. Other folders stay (the same prompt may be in flight
+        twice, and a folder another request is about to load must not vanish): the store is the
+        operator's to clean (docs/vllm.md)."""
+        if self.options.connector == "ExampleConnector":
+            shutil.rmtree(connectors.empty_prefix_folder(self.options.kv_store), ignore_errors=True)
+
+    def kv_loaded(self, request_id: str) -> int | None:
+        """Prompt tokens of a decode whose KV vLLM loaded through the connector (None: not known)."""
+        return self._loaded.pop(request_id, None)
+
+    # --- colocated -------------------------------------------------------------------------------------
+    async def generate(self, req: EngineRequest) -> AsyncIterator[int]:
+        self._check_role("generate", "colocated")
+        self._validate(req)
+        seen = 0
+        sp = self._sampling(req.max_tokens, None)
+        async for out in self._llm.generate({"prompt_token_ids": list(req.prompt_token_ids)}, sp, req.request_id):
+            toks = out.outputs[0].token_ids if out.outputs else []
+            for t in toks[seen:]:
+                self._count(1)
+                yield int(t)
+            seen = len(toks)
+
+    # --- the rest of the interface ----------------------------------------------------------------------
+    async def release_kv(self, request_id: str) -> None:
+        return  # ExampleConnector: the consumer removes the files once loaded; NIXL: vLLM frees on pull
+
+    async def abort(self, request_id: str) -> None:
+        fut = self._prefill_waiters.pop(request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(EngineError("aborted"))
+        self._prefill_queue.remove(request_id)
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    def usage(self) -> EngineUsage:
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - TOKENS_PER_S_WINDOW_S:
+            self._recent.popleft()
+        tps = sum(n for _, n in self._recent) / TOKENS_PER_S_WINDOW_S
+        queued = len(self._prefill_waiters) - len(self._prefill_inflight) + len(self._decode_waiting)
+        return EngineUsage(
+            kv_capacity_tokens=self.kv_capacity,
+            kv_used_tokens=round(self._stats.kv_cache_usage * self.kv_capacity),
+            running=self._stats.running,
+            waiting=max(0, queued) + self._stats.waiting,
+            tokens_per_s=tps,
+            preemptions=self._stats.preemptions,
+        )
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    def _sampling(self, max_tokens: int, kv_params: dict[str, Any] | None) -> Any:
+        from vllm import SamplingParams
+
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        if kv_params:
+            sp.extra_args = {"kv_transfer_params": kv_params}
+        return sp
+
+    def _kv_bytes_per_token(self) -> int:
+        if self._llm is None:
+            return 0
+        m = self._llm.vllm_config.model_config
+        hf = m.hf_config
+        layers = int(getattr(hf, "num_hidden_layers", 0))
+        kv_heads = int(getattr(hf, "num_key_value_heads", getattr(hf, "num_attention_heads", 0)))
+        head_dim = int(getattr(hf, "head_dim", 0) or hf.hidden_size // hf.num_attention_heads)
+        return 2 * layers * kv_heads * head_dim * 2
+
+    def _count(self, n: int) -> None:
+        self._recent.append((time.monotonic(), n))
+
+    def _check_role(self, method: str, role: str) -> None:
+        if self.role != role:
+            raise EngineError(f"{method}: instance {self.instance_id} is a {self.role} instance")
+        if self._llm is None:
+            raise EngineError(f"engine {self.instance_id} is not running")
+
+    def _validate(self, req: EngineRequest) -> None:
+        if req.prompt_len + req.max_tokens > self.max_model_len:
+            raise EngineError(
+                f"request {req.request_id}: prompt {req.prompt_len} + max_tokens {req.max_tokens} tokens "
+                f"exceeds the context of {self.max_model_len}"
+            )
