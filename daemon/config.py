@@ -65,6 +65,9 @@ class WorkerSettings(BaseSettings):
     role: Role = Field("prefill", description="prefill, decode or colocated.")
     engine: Literal["sim", "vllm"] = Field("sim", description="Compute engine: sim, or vllm (the optional extra).")
     profile: str = Field("opt-13b-v100", description="Sim engine profile (workers/engines/profiles.toml).")
+    profiles_file: str | None = Field(
+        None, description="Sim engine: a profiles file to read the profile from (e.g. `tetrictl profile`'s)."
+    )
     time_scale: float = Field(1.0, gt=0, description="Sim engine: model seconds per wall second.")
     model: str | None = Field(None, description="vllm: a local Hugging Face model directory.")
     kv_connector: Literal["ExampleConnector", "NixlConnector", "P2pNcclConnector"] = Field(
@@ -136,4 +139,6 @@ def load_daemon_settings(path: Path | None = None, **overrides: Any) -> DaemonSe
 
 def load_worker_settings(path: Path | None = None, **overrides: Any) -> WorkerSettings:
     s: WorkerSettings = _build(WorkerSettings, path, "worker", overrides)
+    if s.engine == "vllm" and not s.model:
+        raise ConfigError("[worker] model: --engine vllm needs a local Hugging Face model directory (--model DIR)")
     return s

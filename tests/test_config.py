@@ -283,7 +283,15 @@ def test_worker_bad_role(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_worker_bad_engine() -> None:
     with pytest.raises(ConfigError, match="engine"):
+        load_worker_settings(engine="tgi")
+    with pytest.raises(ConfigError, match="kv_connector"):
+        load_worker_settings(engine="vllm", model="/m", kv_connector="Carrier-Pigeon")
+    with pytest.raises(ConfigError, match="on_missing_kv"):
+        load_worker_settings(engine="vllm", model="/m", on_missing_kv="shrug")
+    with pytest.raises(ConfigError, match="model: --engine vllm needs"):
         load_worker_settings(engine="vllm")
+    s = load_worker_settings(engine="vllm", model="/m", kv_both=True, chunk_size=256)
+    assert (s.engine, s.kv_connector, s.kv_both, s.chunk_size) == ("vllm", "ExampleConnector", True, 256)
 
 
 def test_settings_classes_forbid_extra() -> None:

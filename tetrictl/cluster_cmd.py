@@ -61,8 +61,21 @@ def daemon_start(
 def worker_start(
     role: Annotated[str, typer.Option(help="prefill, decode or colocated.")],
     daemon: Annotated[str, typer.Option(help="The daemon's control-plane gRPC address host:port.")] = "127.0.0.1:50051",
-    engine: Annotated[str, typer.Option(help="Engine: sim.")] = "sim",
+    engine: Annotated[str, typer.Option(help="Engine: sim, or vllm (needs the vllm extra).")] = "sim",
+    model: Annotated[str | None, typer.Option(help="vllm: a local Hugging Face model directory.")] = None,
+    kv_connector: Annotated[
+        str | None, typer.Option(help="vllm: ExampleConnector, NixlConnector or P2pNcclConnector.")
+    ] = None,
+    kv_store: Annotated[str | None, typer.Option(help="vllm + ExampleConnector: shared KV storage path.")] = None,
+    kv_both: Annotated[bool, typer.Option("--kv-both", help="vllm: kv_both connector role (flips in place).")] = False,
+    on_missing_kv: Annotated[str | None, typer.Option(help="vllm decode: error or recompute.")] = None,
+    chunk_size: Annotated[int | None, typer.Option(help="vllm: max_num_batched_tokens (ChunkSize).")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="vllm: context length.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="vllm: KV block size.")] = None,
     profile: Annotated[str | None, typer.Option(help="Sim profile (default opt-13b-v100).")] = None,
+    profiles_file: Annotated[
+        Path | None, typer.Option(help="Sim: read the profile from this file (`tetrictl profile` writes one).")
+    ] = None,
     time_scale: Annotated[float | None, typer.Option(help="Sim: model seconds per wall second.")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address of the worker's gRPC service.")] = None,
     port: Annotated[int | None, typer.Option(help="Port of the worker's gRPC service (0 = any).")] = None,
@@ -80,8 +93,18 @@ def worker_start(
         ("--instance-id", instance_id),
         ("--token", token),
         ("--config", config),
+        ("--model", model),
+        ("--profiles-file", profiles_file),
+        ("--kv-connector", kv_connector),
+        ("--kv-store", kv_store),
+        ("--on-missing-kv", on_missing_kv),
+        ("--chunk-size", chunk_size),
+        ("--max-model-len", max_model_len),
+        ("--block-size", block_size),
     ):
         _opt(args, flag, v)
+    if kv_both:
+        args.append("--kv-both")
     _exec("workers.main", args)
 
 

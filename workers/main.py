@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import grpc
 
@@ -32,7 +33,9 @@ def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
         from .engines.costmodel import load_profile
         from .engines.sim import SimEngine
 
-        return SimEngine(load_profile(settings.profile), settings.role, instance_id, ScaledClock(settings.time_scale))
+        path = Path(settings.profiles_file) if settings.profiles_file else None
+        profile = load_profile(settings.profile, path)
+        return SimEngine(profile, settings.role, instance_id, ScaledClock(settings.time_scale))
     if settings.engine == "vllm":
         from .engines.vllm.engine import VllmEngine, VllmOptions  # vllm loads only here
 
@@ -128,7 +131,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Run one Tetri worker.")
     for flag in ("role", "engine", "profile", "instance-id", "host", "daemon", "token", "model", "kv-connector"):
         ap.add_argument(f"--{flag}")
-    for flag in ("kv-store", "on-missing-kv"):
+    for flag in ("kv-store", "on-missing-kv", "profiles-file"):
         ap.add_argument(f"--{flag}")
     ap.add_argument("--kv-both", action="store_true", default=None)
     for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
@@ -140,7 +143,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     try:
         s = load_worker_settings(
-            None if a.config is None else __import__("pathlib").Path(a.config),
+            None if a.config is None else Path(a.config),
             role=a.role,
             engine=a.engine,
             profile=a.profile,
@@ -153,6 +156,7 @@ if __name__ == "__main__":
             model=a.model,
             kv_connector=a.kv_connector,
             kv_store=a.kv_store,
+            profiles_file=a.profiles_file,
             kv_both=a.kv_both,
             on_missing_kv=a.on_missing_kv,
             kv_wait_s=a.kv_wait_s,

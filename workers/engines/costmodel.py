@@ -32,6 +32,7 @@ _PROFILE_DEFAULTS: dict[str, Any] = {
     "max_num_seqs": 256,
     "block_size": 16,
     "description": "",
+    "prefill_overhead_s": 0.0,
 }
 
 
@@ -79,6 +80,9 @@ class Profile:
     max_num_seqs: int = 256
     block_size: int = 16
     description: str = ""
+    # extra fixed cost of an iteration that prefills (admitting new requests: input preparation, block
+    # allocation, first-token sampling); 0 in the shipped profiles, fitted by `tetrictl profile`
+    prefill_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ class CostModel:
             return 0.0
         compute = flops / self.effective_flops
         memory = (m.weight_bytes + kv_tokens * m.kv_bytes_per_token) / self.effective_bandwidth
-        return self.profile.iteration_overhead_s + max(compute, memory)
+        return self.profile.iteration_overhead_s + self.profile.prefill_overhead_s + max(compute, memory)
 
     def prefill_time(self, num_tokens: int, context_tokens: int = 0) -> float:
         """Seconds for one iteration prefilling `num_tokens` after `context_tokens` of prior context."""
@@ -233,6 +237,12 @@ def _model(models: Mapping[str, Any], key: str, where: str) -> ModelSpec:
     return spec
 
 
+def _nonnegative(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"profiles file: {where} must be a number ≥ 0, got {value!r}")
+    return float(value)
+
+
 def list_profiles(path: Path | None = None) -> list[str]:
     """Names of the profiles in the data file (default: the shipped ``profiles.toml``), sorted."""
     return sorted(_section(_read(path), "profiles"))
@@ -259,6 +269,7 @@ def load_profile(name: str, path: Path | None = None) -> Profile:
         max_num_seqs=_field(t, "max_num_seqs", w, int),
         block_size=_field(t, "block_size", w, int),
         description=str(t["description"]),
+        prefill_overhead_s=_nonnegative(t["prefill_overhead_s"], f"{w}.prefill_overhead_s"),
     )
     for key in ("gpu_memory_utilization", "mfu", "bandwidth_efficiency"):
         if getattr(profile, key) > 1:

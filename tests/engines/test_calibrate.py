@@ -1,0 +1,44 @@
+"""Fitting the cost model: a profile's own predictions are fitted back exactly, the written profiles file
+loads, and bad profile fields are refused."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from workers.engines.calibrate import Measurement, base_profile, errors, fit, predict, to_toml
+from workers.engines.costmodel import CostModel, load_profile
+
+
+def synthetic_truth():
+    tiny = load_profile("tiny")
+    base = base_profile("fitme", tiny.model, 8192, max_batched_tokens=512, max_num_seqs=64, block_size=32, device="x")
+    gpu = replace(base.gpu, peak_flops=2e11, hbm_bytes_per_s=5e9)
+    return base, replace(base, gpu=gpu, iteration_overhead_s=0.003, prefill_overhead_s=0.002)
+
+
+def test_fit_recovers_a_known_profile_and_writes_a_loadable_file(tmp_path: Path):
+    base, truth = synthetic_truth()
+    shapes = [Measurement("prefill", 1.0, tokens=n) for n in (16, 64, 128, 256, 512)]
+    shapes += [Measurement("decode", 1.0, batch=b, context=b * c) for b in (1, 4, 16) for c in (32, 512)]
+    points = [replace(m, seconds=predict(truth, m)) for m in shapes]
+    fitted = fit(base, points[::2])
+    assert max(errors(fitted, points)) < 0.01  # held-out points included
+    path = tmp_path / "p.toml"
+    path.write_text(to_toml(fitted))
+    loaded = load_profile("fitme", path)
+    assert loaded.prefill_overhead_s == pytest.approx(fitted.prefill_overhead_s)
+    assert CostModel(loaded).kv_capacity_tokens() == 8192
+    assert max(errors(loaded, points)) < 0.01
+
+
+def test_fit_needs_enough_points_and_profiles_refuse_a_negative_prefill_overhead(tmp_path: Path):
+    base, _ = synthetic_truth()
+    with pytest.raises(ValueError, match="at least 4"):
+        fit(base, [Measurement("prefill", 0.01, tokens=16)] * 3)
+    path = tmp_path / "p.toml"
+    path.write_text(to_toml(base).replace("prefill_overhead_s = 0.0", "prefill_overhead_s = -1.0"))
+    with pytest.raises(ValueError, match="prefill_overhead_s must be a number ≥ 0"):
+        load_profile("fitme", path)

