@@ -3,6 +3,8 @@ loads, and bad profile fields are refused."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,3 +44,28 @@ def test_fit_needs_enough_points_and_profiles_refuse_a_negative_prefill_overhead
     path.write_text(to_toml(base).replace("prefill_overhead_s = 0.0", "prefill_overhead_s = -1.0"))
     with pytest.raises(ValueError, match="prefill_overhead_s must be a number ≥ 0"):
         load_profile("fitme", path)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "/nonexistent"], "not a Hugging Face model directory"),
+        (["--model", ".", "--engine", "sim"], "--engine must be vllm"),
+    ],
+)
+def test_profile_command_bad_input_is_exit_2(args: list[str], needle: str):
+    r = subprocess.run(
+        [sys.executable, "-m", "tetrictl.app", "profile", *args], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_profile_command_bad_name_is_exit_2(tmp_path: Path):
+    (tmp_path / "config.json").write_text("{}")
+    r = subprocess.run(
+        [sys.executable, "-m", "tetrictl.app", "profile", "--model", str(tmp_path), "--name", "no spaces"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--name 'no spaces'" in r.stderr, r.stderr

@@ -40,9 +40,13 @@ def write_tiny_llama(
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
-        torch_dtype="bfloat16",
     )
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bfloat16, saved as bfloat16
+    try:
+        model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
     out = Path(path)
     model.save_pretrained(out)
     return out
