@@ -84,6 +84,9 @@ class WorkerSettings(BaseSettings):
     block_size: int | None = Field(None, ge=1, description="vllm: KV block size (default: the platform's).")
     max_num_seqs: int = Field(64, ge=1, description="vllm: most sequences in a batch.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm on GPUs: memory share to use.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="vllm: weight and KV dtype (auto: the model's)."
+    )
     instance_id: str | None = Field(None, description="Instance id; default <role>-<port>.")
     host: str = Field("127.0.0.1", description="Bind address of the worker's gRPC service.")
     port: int = Field(0, ge=0, le=65535, description="Port of the worker's gRPC service; 0 = any free port.")

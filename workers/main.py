@@ -53,6 +53,7 @@ def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
             block_size=settings.block_size,
             max_num_seqs=settings.max_num_seqs,
             gpu_memory_utilization=settings.gpu_memory_utilization,
+            dtype=settings.dtype,
         )
         return VllmEngine(opts, settings.role, instance_id)
     raise ValueError(f"unknown engine {settings.engine!r}")
@@ -131,7 +132,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Run one Tetri worker.")
     for flag in ("role", "engine", "profile", "instance-id", "host", "daemon", "token", "model", "kv-connector"):
         ap.add_argument(f"--{flag}")
-    for flag in ("kv-store", "on-missing-kv", "profiles-file"):
+    for flag in ("kv-store", "on-missing-kv", "profiles-file", "dtype"):
         ap.add_argument(f"--{flag}")
     ap.add_argument("--kv-both", action="store_true", default=None)
     for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
@@ -157,6 +158,7 @@ if __name__ == "__main__":
             kv_connector=a.kv_connector,
             kv_store=a.kv_store,
             profiles_file=a.profiles_file,
+            dtype=a.dtype,
             kv_both=a.kv_both,
             on_missing_kv=a.on_missing_kv,
             kv_wait_s=a.kv_wait_s,

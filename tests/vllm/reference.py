@@ -14,7 +14,8 @@ from workers.engines.vllm.engine import VllmEngine, VllmOptions
 
 
 async def main(model: str, max_len: int, block_size: int, jobs: list[dict]) -> list[list[int]]:
-    engine = VllmEngine(VllmOptions(model=model, max_model_len=max_len, block_size=block_size), "colocated", "ref")
+    opts = VllmOptions(model=model, max_model_len=max_len, block_size=block_size, dtype="float32")
+    engine = VllmEngine(opts, "colocated", "ref")
     await engine.start()
     try:
         out = []

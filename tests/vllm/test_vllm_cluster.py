@@ -34,24 +34,27 @@ if importlib.util.find_spec("vllm") is None:
 pytestmark = pytest.mark.slow
 
 BLOCK = 32  # vLLM's CPU backend takes multiples of 32; a small block lets short prompts hand over KV
+# float32: a random-weight model's logits have near ties, and bfloat16 rounding differs between a prompt
+# computed whole and one continued from handed-over KV, enough to flip a greedy pick now and then
 MAX_LEN = 1024
 MAX_TOKENS = 16
-# no length 1 past a block edge: there ExampleConnector's own store check looks one block short, finds
-# another prompt's folder and skips the store (the prefill worker then hands over nothing; see engine.py)
-LENGTHS = (5, 34, 40, 100, 130, 300, 520)
+# 33 and 64: one past a block edge and whole blocks, where vLLM's ExampleConnector misaligns its own
+# checks (docs/vllm.md); the prefill worker hands over nothing there and the decode side computes
+LENGTHS = (5, 33, 34, 40, 64, 100, 130, 300, 520)
+NO_HANDOVER = {64}
 PROMPTS = [[(7 * i + k) % 500 + 1 for k in range(n)] for i, n in enumerate(LENGTHS)]
 START_TIMEOUT = 600.0
 
 
 def stored(prompt_len: int) -> int:
-    return (prompt_len - 1) // BLOCK * BLOCK
+    return 0 if prompt_len in NO_HANDOVER else (prompt_len - 1) // BLOCK * BLOCK
 
 
 def vllm_worker(daemon_grpc: str, role: str, name: str, model: Path, store: Path, *extra: str):
     args = [
         "--role", role, "--engine", "vllm", "--model", str(model), "--daemon", daemon_grpc,
         "--instance-id", name, "--kv-store", str(store), "--block-size", str(BLOCK),
-        "--max-model-len", str(MAX_LEN), "--kv-both", *extra,
+        "--max-model-len", str(MAX_LEN), "--kv-both", "--dtype", "float32", *extra,
     ]  # fmt: skip
     return spawn("workers.main", args)
 
@@ -133,7 +136,7 @@ def test_disaggregated_tokens_equal_colocated_and_decode_used_the_transferred_kv
 
 
 def test_missing_kv_is_recomputed_where_configured(vc):
-    for k in (3, 5, 6):  # 100, 300, 520 tokens: KV was handed over, but decode-c looks in an empty store
+    for k in (5, 7, 8):  # 100, 300, 520 tokens: KV was handed over, but decode-c looks in an empty store
         r = complete(vc["url"], PROMPTS[k], pin="decode-c", rid=f"recompute-{k}")
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["token_ids"] == vc["ref"][k]

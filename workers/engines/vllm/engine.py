@@ -59,6 +59,7 @@ class VllmOptions:
     max_num_seqs: int = 64
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = True
+    dtype: str = "auto"  # weights and KV: auto (the model's), float32, bfloat16, float16
     connector_extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -148,6 +149,7 @@ class VllmEngine(Engine):
             "max_num_seqs": o.max_num_seqs,
             "gpu_memory_utilization": o.gpu_memory_utilization,
             "disable_log_stats": False,
+            "dtype": o.dtype,
             "kv_transfer_config": KVTransferConfig(**kv) if kv else None,
         }
         if o.max_model_len:
@@ -228,6 +230,12 @@ class VllmEngine(Engine):
                 # ExampleConnector skips the store when a folder for a prefix one block shorter exists
                 # (its own check looks one block short when the prompt is 1 past a block edge): nothing
                 # was handed over, so say so and let the decode side compute the prompt
+                n = 0
+            elif req.prompt_len % self.block_size == 0:
+                # a prompt of whole blocks: the consumer would find this folder but load one block more
+                # than it holds (its load aligns the prompt plus the first token) and fail; hand over
+                # nothing instead, and remove the folder so the consumer computes the prompt
+                shutil.rmtree(folder, ignore_errors=True)
                 n = 0
         kv = KVHandle(
             req.request_id,
