@@ -178,14 +178,16 @@ class FixedBatchPrefill:
         self._active.extend(order_prefill(group, self.policy, self.sched_batch))
         self._queue = self._queue[len(group) :]
 
-    def next_batch(self, budget: int) -> list[PrefillItem]:
+    def next_batch(self, budget: int, at_least_one: bool = True) -> list[PrefillItem]:
+        """Whole prompts in scheduling order while they fit ``budget``; the first one even if it does not
+        (unless ``at_least_one`` is False: then nothing that does not fit)."""
         out: list[PrefillItem] = []
         used = 0
         while self._active or self._queue:
             if not self._active:
                 self._take_group()
             item = self._active[0]
-            if out and used + item.prompt_len > budget:
+            if (out or not at_least_one) and used + item.prompt_len > budget:
                 break
             out.append(self._active.popleft())
             used += item.prompt_len

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.scheduling.prefill import PREFILL_POLICIES, Chunk, ChunkedPrefill, PrefillItem, order_prefill
+from daemon.scheduling.prefill import (
+    PREFILL_POLICIES,
+    Chunk,
+    ChunkedPrefill,
+    FixedBatchPrefill,
+    PrefillItem,
+    order_prefill,
+)
 
 
 def items(lengths: list[int]) -> list[PrefillItem]:
@@ -362,3 +369,15 @@ def test_completed_lists_each_request_once_in_the_chunk_that_finishes_it(
     assert sorted(completed) == sorted(f"r{i}" for i in range(len(lengths)))
     assert done_tok == {f"r{i}": n for i, n in enumerate(lengths)}
     assert cp.wasted_tokens == padding
+
+
+def test_fixed_batch_takes_whole_prompts_within_the_budget_and_the_first_only_when_asked():
+    q = FixedBatchPrefill("sjf", sched_batch=4)
+    for seq, n in enumerate((300, 100, 700, 50)):
+        q.add(PrefillItem(f"r{seq}", n, seq))
+    # sjf within the group of 4: 50, 100, 300, 700
+    assert [x.request_id for x in q.next_batch(200)] == ["r3", "r1"]
+    assert q.next_batch(200, at_least_one=False) == []  # 300 does not fit: nothing
+    assert [x.request_id for x in q.next_batch(200)] == ["r0"]  # alone, over the budget
+    assert [x.request_id for x in q.next_batch(512)] == ["r2"]
+    assert len(q) == 0

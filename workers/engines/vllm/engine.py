@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from daemon.scheduling.admission import Running, Waiting, admit
@@ -43,6 +45,11 @@ TOKENS_PER_S_WINDOW_S = 2.0
 # vLLM logs to stdout by default; a worker's stdout carries its ready line to a parent that may stop
 # reading it, so vLLM (and the engine processes it spawns) log to stderr instead
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
+def _model_max_len(model_dir: str) -> int:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    return int(cfg.get("max_position_embeddings") or 2048)
 
 
 @dataclass(frozen=True)
@@ -139,11 +146,17 @@ class VllmEngine(Engine):
         kv = connectors.transfer_config(o.connector, self.role, o.kv_both, o.kv_store, dict(o.connector_extra))
         if kv is not None and o.connector == "ExampleConnector":
             os.makedirs(o.kv_store, exist_ok=True)
+        batched = o.chunk_size
+        if kv is not None and o.connector == "ExampleConnector" and kv["kv_role"] != "kv_consumer":
+            # ExampleConnector stores a prompt's KV when its prefill is first scheduled: a prompt split
+            # over iterations would be stored short under its full name. So a storing engine fits any
+            # prompt in one iteration, and ChunkSize bounds what this worker hands to vLLM at once.
+            batched = max(o.chunk_size, o.max_model_len or _model_max_len(o.model))
         kwargs: dict[str, Any] = {
             "model": o.model,
             "skip_tokenizer_init": True,
             "enforce_eager": o.enforce_eager,
-            "max_num_batched_tokens": o.chunk_size,
+            "max_num_batched_tokens": batched,
             "enable_chunked_prefill": True,
             "enable_prefix_caching": False,  # so num_cached_tokens counts only KV the connector loaded
             "max_num_seqs": o.max_num_seqs,
@@ -249,10 +262,12 @@ class VllmEngine(Engine):
     def _pump_prefill(self) -> None:
         """Hand queued prompts to vLLM in policy order while their tokens fit ChunkSize."""
         budget = max(1, self.policies.chunk_size if self.policies else self.options.chunk_size)
+        busy = bool(self._prefill_inflight)
         room = budget - sum(self._prefill_inflight.values())
-        if room <= 0 and self._prefill_inflight:
+        if room <= 0 and busy:
             return
-        for item in self._prefill_queue.next_batch(max(1, room)):
+        # a prompt larger than ChunkSize goes alone; otherwise the prompts handed over together fit it
+        for item in self._prefill_queue.next_batch(max(1, room), at_least_one=not busy):
             fut = self._prefill_waiters.get(item.request_id)
             if fut is None or fut.done():
                 continue
