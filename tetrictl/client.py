@@ -16,6 +16,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -70,6 +71,11 @@ def resolve_target(url: str | None = None, token: str | None = None, config: Pat
     if not isinstance(u, str) or not u.startswith(("http://", "https://")):
         raise ClientError(f"daemon url must start with http:// or https://, not {u!r}", exitcodes.USAGE)
     return Target(u.rstrip("/"), str(t) if t else None)
+
+
+def _q(segment: str) -> str:
+    """One path segment, escaped (an id with '/', '?' or '#' must not change the route)."""
+    return quote(segment, safe="")
 
 
 def _message(resp: httpx.Response) -> str:
@@ -147,7 +153,7 @@ class TetriClient:
         return (await self._call("GET", "/api/v1/instances"))["instances"]
 
     async def instance(self, instance_id: str) -> dict[str, Any]:
-        return await self._call("GET", f"/api/v1/instances/{instance_id}")
+        return await self._call("GET", f"/api/v1/instances/{_q(instance_id)}")
 
     # --- requests ---------------------------------------------------------------------------------------
     async def requests(
@@ -170,10 +176,10 @@ class TetriClient:
                 return rows
 
     async def request(self, request_id: str) -> dict[str, Any]:
-        return await self._call("GET", f"/api/v1/requests/{request_id}")
+        return await self._call("GET", f"/api/v1/requests/{_q(request_id)}")
 
     async def cancel(self, request_id: str) -> dict[str, Any]:
-        return await self._call("POST", f"/api/v1/requests/{request_id}/cancel")
+        return await self._call("POST", f"/api/v1/requests/{_q(request_id)}/cancel")
 
     async def complete(self, body: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
         """POST /v1/completions (non-streaming); waits for the whole answer."""
@@ -184,7 +190,7 @@ class TetriClient:
         body: dict[str, Any] = {"reason": reason}
         if to is not None:
             body["to"] = to
-        return await self._call("POST", f"/api/v1/instances/{instance_id}/flip", json=body)
+        return await self._call("POST", f"/api/v1/instances/{_q(instance_id)}/flip", json=body)
 
     async def flips(self) -> list[dict[str, Any]]:
         return (await self._call("GET", "/api/v1/flips"))["flips"]
@@ -204,7 +210,7 @@ class TetriClient:
 
     # --- plan admission -----------------------------------------------------------------------------------
     async def load_plan(self, instance_id: str, plan: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("PUT", f"/api/v1/instances/{instance_id}/plan", json=plan)
+        return await self._call("PUT", f"/api/v1/instances/{_q(instance_id)}/plan", json=plan)
 
     async def clear_plan(self, instance_id: str) -> dict[str, Any]:
-        return await self._call("DELETE", f"/api/v1/instances/{instance_id}/plan")
+        return await self._call("DELETE", f"/api/v1/instances/{_q(instance_id)}/plan")

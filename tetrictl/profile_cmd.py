@@ -21,7 +21,7 @@ from workers.engines.calibrate import Measurement, base_profile, errors, fit, pr
 from . import exitcodes
 from .output import err, fail, out, print_json, table
 
-NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a bare TOML key: no dots
 
 
 def split(points: list[Measurement]) -> tuple[list[Measurement], list[Measurement]]:
@@ -48,7 +48,7 @@ def profile(
     if not (model / "config.json").is_file():
         fail(f"--model {model}: not a Hugging Face model directory (no config.json)")
     if not NAME.match(name):
-        fail(f"--name {name!r}: letters, digits, '.', '_' and '-' only")
+        fail(f"--name {name!r}: letters, digits, '_' and '-' only")
     try:
         from workers.engines.vllm.engine import VllmOptions
         from workers.engines.vllm.measure import measure, model_spec
@@ -71,9 +71,17 @@ def profile(
         device=f"{platform.machine()} {platform.processor() or 'cpu'} (vllm {engine})",
     )
     train, held = split(points)
+    if len(train) < 4 or not held:
+        fail(
+            f"only {len(points)} measurements fit --chunk-size {chunk_size} and --max-model-len "
+            f"{max_model_len}: raise them"
+        )
     fitted = fit(base, train)
     e_train, e_held = errors(fitted, train), errors(fitted, held)
-    output.write_text(to_toml(fitted), encoding="utf-8")
+    try:
+        output.write_text(to_toml(fitted), encoding="utf-8")
+    except OSError as e:
+        fail(f"cannot write {output}: {e.strerror or e}")
     doc: dict[str, Any] = {
         "profile": name,
         "file": str(output),

@@ -37,6 +37,8 @@ from daemon.planner.workload import Workload, WorkloadError
 from .client import ClientError, TetriClient
 
 ORDERS = ("plan", "fcfs")
+MAX_IN_FLIGHT = 1000
+FAILED_POLLS = 10  # consecutive failed progress polls before a replay gives up
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,10 @@ class Replay:
         self.client = client
         self.plan = plan if order == "plan" else fcfs_plan(items, plan.memory)
         # the planned finishes compared against are those of the order replayed
-        self.items = [dataclasses.replace(it, planned_finish=self.plan.backlog[it.key].finish) for it in items]
+        self.items = [
+            dataclasses.replace(it, planned_finish=row.finish if (row := self.plan.backlog.get(it.key)) else None)
+            for it in items
+        ]
         self.order = order
         self.instance_id = instance_id
         self.speed = speed
@@ -182,6 +187,9 @@ class Replay:
         self.info: dict[str, Any] = {}
         self._stopping = asyncio.Event()
         self._loaded = False
+        # requests in flight at once: each holds a connection until it finishes, and the progress polls
+        # and the dashboard share the client's pool (2,000), so senders must leave room for them
+        self._senders = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     async def _pick_instance(self) -> dict[str, Any]:
         decodes = [i for i in await self.client.instances() if i["role"] == "decode"]
@@ -224,9 +232,10 @@ class Replay:
             "max_tokens": it.output_tokens,
             "tetri": {"request_id": self.ids[it.key], "decode_instance": self.info["instance_id"]},
         }
-        self.sent += 1
-        with contextlib.suppress(ClientError):  # the status table records a failure; progress counts it
-            await self.client.complete(body)
+        async with self._senders:
+            self.sent += 1
+            with contextlib.suppress(ClientError):  # the status table records a failure; progress counts it
+                await self.client.complete(body)
 
     async def snapshot(self) -> Progress:
         rows = await self.client.all_requests(id_prefix=self.tag + ".")
@@ -244,24 +253,38 @@ class Replay:
             await self.prepare()
         by_key = {it.key: it for it in self.items}
         t0 = time.monotonic()
+        senders = [asyncio.create_task(self._send(by_key[k], t0)) for k in self.plan.order]
+        failed = 0
         try:
-            senders = [asyncio.create_task(self._send(by_key[k], t0)) for k in self.plan.order]
             while True:
                 stopper = asyncio.create_task(self._stopping.wait())
                 await asyncio.wait([stopper], timeout=self.poll_s)
                 stopper.cancel()
-                snap = await self.snapshot()
+                try:
+                    snap = await self.snapshot()
+                    failed = 0
+                except ClientError:
+                    failed += 1  # a slow poll is not the end of the replay; many in a row are
+                    if failed >= FAILED_POLLS:
+                        raise
+                    continue
                 if on_progress is not None:
                     on_progress(snap)
                 if self._stopping.is_set() or (snap.done and all(s.done() for s in senders)):
                     break
-            for s in senders:
-                s.cancel()  # a stopped replay abandons its requests: the daemon cancels them
-            await asyncio.gather(*senders, return_exceptions=True)
+            await self._abandon(senders)
             await asyncio.sleep(0.3)  # one flush of the daemon's batched status writes
             return await self.snapshot()
         finally:
+            await self._abandon(senders)
             await self.restore()
+
+    @staticmethod
+    async def _abandon(senders: list[asyncio.Task[None]]) -> None:
+        """A stopped or failed replay abandons its requests (the daemon cancels what is in flight)."""
+        for s in senders:
+            s.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
 
     async def restore(self) -> None:
         if self._loaded and self.instance_id is not None:

@@ -37,7 +37,7 @@ class TopApp(App[None]):
         Binding("left_square_bracket", "page(-1)", "prev page", show=False),
         Binding("right_square_bracket", "page(1)", "next page", show=False),
         Binding("question_mark", "help", "help"),
-        Binding("q", "quit", "quit"),
+        Binding("q", "quit_top", "quit"),
     ]
 
     def __init__(self, client: TetriClient, refresh_s: float = 0.5, plan_path: str | None = None) -> None:
@@ -101,7 +101,6 @@ class TopApp(App[None]):
             policies = await self.client.policies()
             page = await self.client.requests(status=self.status_filter, limit=PAGE, offset=self.page * PAGE)
             finished = await self.client.requests(status="finished", limit=50)
-            detail = await self.client.request(self.selected_request) if self.selected_request else None
         except ClientError as e:
             self.connected = False
             self.sub_title = f"⚠ {e.message} — retrying every {self.refresh_s:g}s"
@@ -117,8 +116,8 @@ class TopApp(App[None]):
         self.show_instances()
         self.show_cluster(cluster, policies)
         self.show_requests(page)
-        if detail is not None:
-            self.query_one("#detail", Static).update(timeline_text(detail))
+        if self.selected_request:
+            self.load_detail(self.selected_request)  # its own worker: a request gone missing is no outage
 
     def show_instances(self) -> None:
         table = self.query_one("#instances", DataTable)
@@ -289,6 +288,13 @@ class TopApp(App[None]):
             self.replay_error = e.message
         finally:
             self.replay_running = False
+
+    async def action_quit_top(self) -> None:
+        """Quit; a running replay is stopped first and its instance's policy restored before the client closes."""
+        if self.replay is not None and self.replay_running:
+            self.replay.stop()
+            await self.replay.restore()
+        self.exit()
 
     def stop_replay(self) -> None:
         if self.replay is not None and self.replay_running:

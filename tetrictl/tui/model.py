@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.markup import escape
+
 from daemon.scheduling.flip import InstanceView, TransitionWatcher
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -98,7 +100,7 @@ def timeline_text(doc: dict[str, Any], width: int = 24) -> str:
     end = max(p["ts"] for p in points)
     span = max(end - t0, 1e-9)
     lines = [
-        f"[b]{doc['id']}[/b]  {doc.get('status', '')}  prompt {doc.get('prompt_tokens', '?')} → "
+        f"[b]{escape(str(doc['id']))}[/b]  {doc.get('status', '')}  prompt {doc.get('prompt_tokens', '?')} → "
         f"output {doc.get('output_tokens') or 0} tokens",
         f"prefill on {doc.get('prefill_instance') or '—'}, decode on {doc.get('decode_instance') or '—'}",
     ]
@@ -107,5 +109,5 @@ def timeline_text(doc: dict[str, Any], width: int = 24) -> str:
         bar = "█" * max(1, round(off / span * width)) if off > 0 else "│"
         lines.append(f"{p['phase']:<12} {1000 * off:>10,.1f} ms  {bar}")
     if doc.get("error"):
-        lines.append(f"[red]error: {doc['error']}[/red]")
+        lines.append(f"[red]error: {escape(str(doc['error']))}[/red]")
     return "\n".join(lines)

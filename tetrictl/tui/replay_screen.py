@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -29,8 +30,8 @@ def progress_text(info: dict[str, object], p: Progress | None) -> str:
         f"planned TEL {fmt(p.planned_tel)} steps · measured TEL {fmt(p.measured_tel_s)} s · "
         f"average latency {fmt(p.measured_avg_latency_s)} s",
         f"completion order planned vs measured: Kendall τ {fmt(p.order_agreement)}",
-        f"planned first:  {' '.join(p.planned_order[:8])}",
-        f"measured first: {' '.join(p.measured_order[:8])}",
+        f"planned first:  {escape(' '.join(p.planned_order[:8]))}",
+        f"measured first: {escape(' '.join(p.measured_order[:8]))}",
     ]
     return "\n".join(lines)
 
@@ -74,7 +75,7 @@ class ReplayScreen(Screen[None]):
             bar.update(total=max(1, p.n), progress=p.finished + p.failed)
         text = progress_text(app.replay_info, p)
         if app.replay_error:
-            text += f"\n[red]{app.replay_error}[/red]"
+            text += f"\n[red]{escape(app.replay_error)}[/red]"
         self.query_one("#replay-status", Static).update(text)
         self.query_one("#start", Button).disabled = app.replay_running
         self.query_one("#stop", Button).disabled = not app.replay_running

@@ -125,6 +125,9 @@ class VllmEngine(Engine):
         self.kv_capacity = 0
         self.block_size = options.block_size or 0
         self._llm: Any = None
+        self._batched = options.chunk_size  # vLLM's max_num_batched_tokens (set when the engine starts)
+        self._active = 0  # requests inside vLLM now (its own stats update only when it runs a step)
+        self._stopped = False
         self._stats = _Stats()
         self._prefill_queue = FixedBatchPrefill()
         self._prefill_waiters: dict[str, asyncio.Future[None]] = {}
@@ -152,6 +155,7 @@ class VllmEngine(Engine):
             # over iterations would be stored short under its full name. So a storing engine fits any
             # prompt in one iteration, and ChunkSize bounds what this worker hands to vLLM at once.
             batched = max(o.chunk_size, o.max_model_len or _model_max_len(o.model))
+        self._batched = batched
         kwargs: dict[str, Any] = {
             "model": o.model,
             "skip_tokenizer_init": True,
@@ -185,9 +189,13 @@ class VllmEngine(Engine):
 
     async def stop(self) -> None:
         llm, self._llm = self._llm, None
+        self._stopped = True
         for fut in self._prefill_waiters.values():
             if not fut.done():
                 fut.set_exception(EngineError(f"engine {self.instance_id} stopped"))
+        for d in self._decodes.values():  # decodes waiting for admission end with EngineError
+            if d.admitted is not None:
+                d.admitted.set()
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
 
@@ -220,11 +228,18 @@ class VllmEngine(Engine):
         self._pump_prefill()
         try:
             await fut  # our prefill order hands the prompt to vLLM
+            if self._llm is None:
+                raise EngineError(f"engine {self.instance_id} stopped")
             sp = self._sampling(1, connectors.prefill_params(self.options.connector))
             first, out = None, None
-            async for out in self._llm.generate({"prompt_token_ids": list(req.prompt_token_ids)}, sp, req.request_id):
-                if out.outputs and out.outputs[0].token_ids:
-                    first = int(out.outputs[0].token_ids[0])
+            self._active += 1
+            try:
+                prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
+                async for out in self._llm.generate(prompt, sp, req.request_id):
+                    if out.outputs and out.outputs[0].token_ids:
+                        first = int(out.outputs[0].token_ids[0])
+            finally:
+                self._active -= 1
             if first is None:
                 raise EngineError(f"request {req.request_id}: vLLM returned no token")
         finally:
@@ -261,7 +276,8 @@ class VllmEngine(Engine):
 
     def _pump_prefill(self) -> None:
         """Hand queued prompts to vLLM in policy order while their tokens fit ChunkSize."""
-        budget = max(1, self.policies.chunk_size if self.policies else self.options.chunk_size)
+        # a hot-swapped ChunkSize applies up to vLLM's own per-iteration limit, fixed at start
+        budget = max(1, min(self.policies.chunk_size, self._batched))
         busy = bool(self._prefill_inflight)
         room = budget - sum(self._prefill_inflight.values())
         if room <= 0 and busy:
@@ -306,6 +322,8 @@ class VllmEngine(Engine):
         try:
             assert d.admitted is not None
             await d.admitted.wait()
+            if self._llm is None:
+                raise EngineError(f"engine {self.instance_id} stopped")
             if req.max_tokens <= 1:
                 return
             prompt = [*req.prompt_token_ids, first_token]
@@ -314,16 +332,20 @@ class VllmEngine(Engine):
             if params:
                 sp.extra_args = {"kv_transfer_params": params}
             seen = 0
-            async for out in self._llm.generate({"prompt_token_ids": prompt}, sp, req.request_id):
-                toks = out.outputs[0].token_ids if out.outputs else []
-                if seen == 0 and out.num_cached_tokens is not None:
-                    self._loaded[req.request_id] = int(out.num_cached_tokens)
-                    self._drop_empty_prefix()
-                for t in toks[seen:]:
-                    d.produced += 1
-                    self._count(1)
-                    yield int(t)
-                seen = len(toks)
+            self._active += 1
+            try:
+                async for out in self._llm.generate({"prompt_token_ids": prompt}, sp, req.request_id):
+                    toks = out.outputs[0].token_ids if out.outputs else []
+                    if seen == 0 and out.num_cached_tokens is not None:
+                        self._loaded[req.request_id] = int(out.num_cached_tokens)
+                        self._drop_empty_prefix()
+                    for t in toks[seen:]:
+                        d.produced += 1
+                        self._count(1)
+                        yield int(t)
+                    seen = len(toks)
+            finally:
+                self._active -= 1
         finally:
             self._decodes.pop(req.request_id, None)
             self._params.pop(req.request_id, None)
@@ -381,22 +403,32 @@ class VllmEngine(Engine):
         self._validate(req)
         seen = 0
         sp = self._sampling(req.max_tokens, None)
-        async for out in self._llm.generate({"prompt_token_ids": list(req.prompt_token_ids)}, sp, req.request_id):
-            toks = out.outputs[0].token_ids if out.outputs else []
-            for t in toks[seen:]:
-                self._count(1)
-                yield int(t)
-            seen = len(toks)
+        self._active += 1
+        try:
+            prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
+            async for out in self._llm.generate(prompt, sp, req.request_id):
+                toks = out.outputs[0].token_ids if out.outputs else []
+                for t in toks[seen:]:
+                    self._count(1)
+                    yield int(t)
+                seen = len(toks)
+        finally:
+            self._active -= 1
 
     # --- the rest of the interface ----------------------------------------------------------------------
     async def release_kv(self, request_id: str) -> None:
-        return  # ExampleConnector: the consumer removes the files once loaded; NIXL: vLLM frees on pull
+        # ExampleConnector: the files stay (the store is the operator's to clean, docs/vllm.md). NIXL/NCCL:
+        # vLLM frees the producer's blocks when the consumer pulls them, or after its own timeout when a
+        # hand-over never happens (not tested here: no GPU)
+        return
 
     async def abort(self, request_id: str) -> None:
         fut = self._prefill_waiters.pop(request_id, None)
         if fut is not None and not fut.done():
             fut.set_exception(EngineError("aborted"))
         self._prefill_queue.remove(request_id)
+        self._params.pop(request_id, None)
+        self._loaded.pop(request_id, None)
         if self._llm is not None:
             await self._llm.abort(request_id)
 
@@ -409,8 +441,8 @@ class VllmEngine(Engine):
         return EngineUsage(
             kv_capacity_tokens=self.kv_capacity,
             kv_used_tokens=round(self._stats.kv_cache_usage * self.kv_capacity),
-            running=self._stats.running,
-            waiting=max(0, queued) + self._stats.waiting,
+            running=self._active,
+            waiting=max(0, queued),
             tokens_per_s=tps,
             preemptions=self._stats.preemptions,
         )
@@ -432,7 +464,7 @@ class VllmEngine(Engine):
         layers = int(getattr(hf, "num_hidden_layers", 0))
         kv_heads = int(getattr(hf, "num_key_value_heads", getattr(hf, "num_attention_heads", 0)))
         head_dim = int(getattr(hf, "head_dim", 0) or hf.hidden_size // hf.num_attention_heads)
-        return 2 * layers * kv_heads * head_dim * 2
+        return 2 * layers * kv_heads * head_dim * int(m.dtype.itemsize)
 
     def _count(self, n: int) -> None:
         self._recent.append((time.monotonic(), n))
