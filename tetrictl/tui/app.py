@@ -5,12 +5,15 @@ network; a failed refresh shows in the title bar and the next tick tries again."
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
 from daemon.planner.planfile import parse_plan
@@ -22,6 +25,7 @@ from .model import INSTANCE_COLUMNS, REQUEST_COLUMNS, History, instance_cells, r
 from .replay_screen import ReplayScreen
 from .screens import ConfirmScreen, HelpScreen, PolicyScreen
 
+W = TypeVar("W", bound=Widget)
 PAGE = 100  # requests per page
 STATUS_FILTERS: tuple[str | None, ...] = (None, "running", "finished", "failed", "cancelled", "rejected", "interrupted")
 
@@ -54,6 +58,7 @@ class TopApp(App[None]):
         self.selected_request: str | None = None
         self.connected: bool | None = None
         self._fetching = False
+        self._main: Screen[Any] | None = None
         self.replay: Replay | None = None
         self.replay_info: dict[str, Any] = {}
         self.replay_progress: Progress | None = None
@@ -80,9 +85,16 @@ class TopApp(App[None]):
             yield Static("highlight a request to see its timeline", id="detail")
         yield Footer()
 
+    def _w(self, selector: str, kind: type[W]) -> W:
+        """A widget of the main screen, whichever screen is on top (the replay view, a dialog)."""
+        if self._main is None:
+            raise NoMatches(selector)
+        return self._main.query_one(selector, kind)
+
     def on_mount(self) -> None:
-        self.query_one("#instances", DataTable).add_columns(*INSTANCE_COLUMNS)
-        self.query_one("#requests", DataTable).add_columns(*REQUEST_COLUMNS)
+        self._main = self.screen
+        self._w("#instances", DataTable).add_columns(*INSTANCE_COLUMNS)
+        self._w("#requests", DataTable).add_columns(*REQUEST_COLUMNS)
         self.sub_title = f"connecting to {self.client.target.url}"
         self.refresh_data()
         self.set_interval(self.refresh_s, self.refresh_data)
@@ -93,7 +105,7 @@ class TopApp(App[None]):
             self._fetching = True
             self.fetch()
 
-    @work(exclusive=False, group="fetch")
+    @work(exclusive=False, group="fetch", exit_on_error=False)
     async def fetch(self) -> None:
         try:
             cluster = await self.client.cluster()
@@ -120,7 +132,7 @@ class TopApp(App[None]):
             self.load_detail(self.selected_request)  # its own worker: a request gone missing is no outage
 
     def show_instances(self) -> None:
-        table = self.query_one("#instances", DataTable)
+        table = self._w("#instances", DataTable)
         keys = [i["id"] for i in self.instances]
         if [str(k.value) for k in table.rows] != keys:
             cursor = table.cursor_row
@@ -134,16 +146,16 @@ class TopApp(App[None]):
                 table.update_cell(inst["id"], col, value)
 
     def show_cluster(self, cluster: dict[str, Any], policies: dict[str, Any]) -> None:
-        self.query_one("#ttft", Sparkline).data = list(self.history.ttft_ms)
-        self.query_one("#jct", Sparkline).data = list(self.history.jct_ms)
+        self._w("#ttft", Sparkline).data = list(self.history.ttft_ms)
+        self._w("#jct", Sparkline).data = list(self.history.jct_ms)
         ttft = f"{self.history.ttft_ms[-1]:,.0f}" if self.history.ttft_ms else "—"
         jct = f"{self.history.jct_ms[-1]:,.0f}" if self.history.jct_ms else "—"
-        self.query_one("#ttft-label", Label).update(f"cluster TTFT {ttft} ms (mean of the latest 50 finished)")
-        self.query_one("#jct-label", Label).update(f"cluster JCT {jct} ms")
+        self._w("#ttft-label", Label).update(f"cluster TTFT {ttft} ms (mean of the latest 50 finished)")
+        self._w("#jct-label", Label).update(f"cluster JCT {jct} ms")
         p = policies["policies"]
         byst = " · ".join(f"{k} {v:,}" for k, v in sorted(cluster["requests_by_status"].items())) or "no requests yet"
         roles = " · ".join(f"{r} {v['active']}/{v['total']}" for r, v in sorted(cluster["instances"].items()))
-        self.query_one("#summary", Static).update(
+        self._w("#summary", Static).update(
             f"[b]instances[/b] {roles}\n[b]in flight[/b] {cluster['inflight']:,}\n[b]requests[/b] {byst}\n"
             f"[b]policies[/b] v{policies['version']}: prefill {p['prefill_policy']} "
             f"(batch {p['prefill_sched_batch']}, chunk {p['chunk_size']}), predictor {p['predictor']}, "
@@ -152,7 +164,7 @@ class TopApp(App[None]):
 
     def show_requests(self, page: dict[str, Any]) -> None:
         self.total_requests = page["total"]
-        table = self.query_one("#requests", DataTable)
+        table = self._w("#requests", DataTable)
         rows = page["requests"]
         keys = [r["id"] for r in rows]
         if [str(k.value) for k in table.rows] != keys:
@@ -168,7 +180,7 @@ class TopApp(App[None]):
                     table.update_cell(r["id"], col, value)
         pages = max(1, -(-self.total_requests // PAGE))
         filt = self.status_filter or "all"
-        self.query_one("#requests-label", Label).update(
+        self._w("#requests-label", Label).update(
             f"requests ({filt}) · page {self.page + 1} of {pages} · {self.total_requests:,} in all · [ ] to page"
         )
 
@@ -177,18 +189,18 @@ class TopApp(App[None]):
             self.selected_request = str(event.row_key.value)
             self.load_detail(self.selected_request)
 
-    @work(exclusive=True, group="detail")
+    @work(exclusive=True, group="detail", exit_on_error=False)
     async def load_detail(self, request_id: str) -> None:
         try:
             doc = await self.client.request(request_id)
         except ClientError as e:
-            self.query_one("#detail", Static).update(f"{request_id}: {e.message}")
+            self._w("#detail", Static).update(f"{request_id}: {e.message}")
             return
-        self.query_one("#detail", Static).update(timeline_text(doc))
+        self._w("#detail", Static).update(timeline_text(doc))
 
     # --- actions ------------------------------------------------------------------------------------------
     def highlighted_instance(self) -> dict[str, Any] | None:
-        table = self.query_one("#instances", DataTable)
+        table = self._w("#instances", DataTable)
         if not self.instances or table.row_count == 0:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
@@ -207,7 +219,7 @@ class TopApp(App[None]):
 
         self.push_screen(ConfirmScreen(f"Flip {inst['id']} from {inst['role']} to {to}?"), confirmed)
 
-    @work(group="actions")
+    @work(group="actions", exit_on_error=False)
     async def do_flip(self, instance_id: str, to: str) -> None:
         try:
             doc = await self.client.flip(instance_id, to, reason="tetrictl top")
@@ -228,7 +240,7 @@ class TopApp(App[None]):
 
         self.push_screen(PolicyScreen(self.policies), chosen)
 
-    @work(group="actions")
+    @work(group="actions", exit_on_error=False)
     async def set_policies(self, changes: dict[str, Any]) -> None:
         try:
             doc = await self.client.set_policies(changes)
@@ -272,7 +284,7 @@ class TopApp(App[None]):
         self.replay_running = True
         self.run_replay(self.replay)
 
-    @work(group="replay")
+    @work(group="replay", exit_on_error=False)
     async def run_replay(self, replay: Replay) -> None:
         def on_progress(p: Progress) -> None:
             self.replay_progress = p
