@@ -31,11 +31,6 @@ def spark(values: Iterable[float], width: int = 12, top: float = 1.0) -> str:
     return "".join(BLOCKS[min(len(BLOCKS) - 1, round(v / hi * (len(BLOCKS) - 1)))] for v in vals)
 
 
-def state_of(inst: dict[str, Any]) -> str:
-    """active / draining / flipping / unhealthy, as the table shows it."""
-    return str(inst["state"])
-
-
 @dataclass
 class History:
     """Rolling samples: per-instance load, cluster TTFT and JCT (means over the latest finished requests)."""
@@ -61,7 +56,7 @@ def instance_cells(inst: dict[str, Any], history: History) -> tuple[str, ...]:
     return (
         inst["id"],
         inst["role"],
-        state_of(inst),
+        str(inst["state"]),  # active / draining / flipping / unhealthy
         f"{inst['queued']:,}",
         f"{inst['running']:,}",
         f"{100 * inst['kv_usage']:.0f}%",

@@ -71,12 +71,11 @@ class VllmOptions:
 
 
 class _Stats:
-    """A vLLM stat logger that keeps the latest scheduler stats (KV usage, running, waiting, preemptions)."""
+    """A vLLM stat logger that keeps the latest KV usage and counts preemptions. (Running and waiting
+    counts come from the engine's own bookkeeping: vLLM reports stats only when it runs a step.)"""
 
     def __init__(self) -> None:
         self.kv_cache_usage = 0.0
-        self.running = 0
-        self.waiting = 0
         self.preemptions = 0
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
@@ -91,8 +90,6 @@ class _Stats:
             def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
                 if scheduler_stats is not None:
                     stats.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
-                    stats.running = int(scheduler_stats.num_running_reqs)
-                    stats.waiting = int(scheduler_stats.num_waiting_reqs)
                 if iteration_stats is not None:
                     stats.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
 
