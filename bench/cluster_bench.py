@@ -26,8 +26,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from tetri.proto import pb, rpc
 from tetrictl.procs import start_local_cluster
-from workers.proto import pb, rpc
 
 console = Console(width=120)
 PROMPT = list(range(1, 17))

@@ -16,13 +16,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from daemon.planner.bounds import cheap_bound
-from daemon.planner.generate import Mix, generate, with_width
-from daemon.planner.lp import solve_lp
-from daemon.planner.metrics import summarize
-from daemon.planner.policies import run_policy
-from daemon.planner.solvers import sorted_f_phase1
-from daemon.planner.workload import Workload
+from tetri.planner.bounds import cheap_bound
+from tetri.planner.generate import Mix, generate, with_width
+from tetri.planner.lp import solve_lp
+from tetri.planner.metrics import summarize
+from tetri.planner.policies import run_policy
+from tetri.planner.solvers import sorted_f_phase1
+from tetri.planner.workload import Workload
 
 console = Console(width=140)
 MIX = Mix.parse("short:0.8,long:0.2")

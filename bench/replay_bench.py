@@ -21,9 +21,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from daemon.planner.generate import Mix, generate
-from daemon.planner.planfile import build_plan, parse_plan
-from daemon.planner.policies import run_policy
+from tetri.planner.generate import Mix, generate
+from tetri.planner.planfile import build_plan, parse_plan
+from tetri.planner.policies import run_policy
 from tetrictl.client import Target, TetriClient
 from tetrictl.procs import start_local_cluster
 from tetrictl.replay import Progress, Replay, backlog

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from daemon.des.cluster import simulate
-from daemon.des.experiments import (
+from tetri.des.cluster import simulate
+from tetri.des.experiments import (
     BenchSetup,
     calibrated_rate,
     des_runner,
@@ -25,8 +25,8 @@ from daemon.des.experiments import (
     tetri_config,
     vanilla_config,
 )
-from daemon.des.metrics import summarize
-from daemon.des.workloads import WORKLOADS
+from tetri.des.metrics import summarize
+from tetri.des.workloads import WORKLOADS
 from tetrictl.bench_cmd import print_ablations, print_tables
 from tetrictl.bench_live import live_runner
 from tetrictl.output import table

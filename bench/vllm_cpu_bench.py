@@ -30,10 +30,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from daemon.des.cluster import ClusterConfig, simulate
-from daemon.des.workloads import Request
+from tetri.costmodel import load_profile
+from tetri.des.cluster import ClusterConfig, simulate
+from tetri.des.workloads import Request
 from tetrictl.procs import spawn, stop_all, wait_ready
-from workers.engines.costmodel import load_profile
 
 
 def workload(n: int, rate: float, seed: int) -> list[Request]:

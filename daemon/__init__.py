@@ -1,5 +1,5 @@
 """Tetri control plane.
 
-`daemon.planner` is pure: plain data in, plain decisions out. It imports no web, RPC, SQL or TUI
+`tetri.planner` is pure: plain data in, plain decisions out. It imports no web, RPC, SQL or TUI
 framework and reads no clock, so the CLI, the live daemon and the simulators share it unchanged.
 """

@@ -21,12 +21,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from workers.proto import rpc
+from tetri.config import DaemonSettings
+from tetri.proto import rpc
 
 from .api import admin, openai
 from .api.schemas import error_body
 from .cluster import Cluster, ControlPlaneService, Instance
-from .config import DaemonSettings
 from .db.store import Store, make_engine, migrate
 from .db.writer import BatchWriter
 from .flips import Flipper

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from workers.proto import pb, rpc
+from tetri.proto import pb, rpc
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.routing import InstanceLoad
 
 from .db.writer import BatchWriter
-from .scheduling.policyset import PolicySet
-from .scheduling.routing import InstanceLoad
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Instance flips (TetriInfer §3.5), carried out by the daemon: manual (admin API) or decided by the
-transition watcher (`daemon.scheduling.flip`, a pure policy).
+transition watcher (`tetri.scheduling.flip`, a pure policy).
 
 Protocol: validate (known instance, prefill/decode, not already flipping, never the last active
 instance of its role) → record the flip → mark the instance draining in the registry (no new requests
@@ -18,12 +18,12 @@ from typing import Any
 
 import grpc
 
-from workers.peers import Peers
-from workers.proto import pb
+from tetri.proto import pb
+from tetri.proto.peers import Peers
+from tetri.scheduling.flip import InstanceView, TransitionWatcher
 
 from .cluster import Cluster, Instance
 from .db.store import Store
-from .scheduling.flip import InstanceView, TransitionWatcher
 
 log = logging.getLogger(__name__)
 

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from workers.peers import Peers
-from workers.proto import pb
+from tetri.proto import pb
+from tetri.proto.peers import Peers
+from tetri.scheduling.routing import least_loaded
 
 from .cluster import Cluster, Instance
 from .db.models import Phase, Status
 from .db.writer import BatchWriter
 from .metrics import Metrics
 from .predictor_service import PROMPT_SAMPLE, PredictorService
-from .scheduling.routing import least_loaded
 
 
 @dataclass

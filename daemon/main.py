@@ -15,8 +15,9 @@ from pathlib import Path
 
 import uvicorn
 
+from tetri.config import ConfigError, DaemonSettings, load_daemon_settings
+
 from .app import create_app
-from .config import ConfigError, DaemonSettings, load_daemon_settings
 
 
 async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> None:

@@ -1,7 +1,7 @@
 """The daemon's length predictor: predicts each request's output bucket before routing it, learns
 from completed requests in the status table, and tracks its live accuracy.
 
-The model objects are pure (`daemon.scheduling.predictor`); this shell owns retraining (periodically
+The model objects are pure (`tetri.scheduling.predictor`); this shell owns retraining (periodically
 in a thread, from `Store.training_samples`) and accounting. The prediction travels with the request
 (GenerateRequest.predicted_lo/hi) to the prefill instance's dispatcher and the decode instance's
 admission policy. (The paper runs the predictor on each prefill instance; running it once here keeps
@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.predictor import LearnedPredictor, OraclePredictor, Range
+
 from .db.store import Store
-from .scheduling.policyset import PolicySet
-from .scheduling.predictor import LearnedPredictor, OraclePredictor, Range
 
 log = logging.getLogger(__name__)
 PROMPT_SAMPLE = 256  # prompt tokens kept per request for training

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from daemon.des.experiments import (
+from tetri.des.experiments import (
     TETRI,
     VANILLA,
     BenchSetup,
@@ -19,7 +19,7 @@ from daemon.des.experiments import (
     tetri_config,
     vanilla_config,
 )
-from daemon.des.metrics import summarize
+from tetri.des.metrics import summarize
 from tetrictl.bench_live import live_runner
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.des.metrics import HEADLINE
+from tetri.des.metrics import HEADLINE
 from tetrictl import exitcodes
 
 

@@ -1,4 +1,4 @@
-"""daemon/config.py: defaults, the TOML file, the environment, explicit overrides, and the errors."""
+"""tetri/config.py: defaults, the TOML file, the environment, explicit overrides, and the errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import (
+from tetri.config import (
     ConfigError,
     DaemonSettings,
     WorkerSettings,

@@ -1,6 +1,6 @@
 """`tetrictl bench`: TetriInfer vs vanilla vLLM on the paper's workloads, from the terminal.
 
-A thin shell over `daemon.des.experiments`: it validates input, runs the experiments on the discrete-
+A thin shell over `tetri.des.experiments`: it validates input, runs the experiments on the discrete-
 event simulator (`--mode des`) or on live sim clusters started on loopback (`--mode live`, `bench_live`),
 prints the paper-style table and optionally the ablations (simulator only), and draws a PNG.
 """
@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-from daemon.des.experiments import TETRI, VANILLA, BenchSetup, des_runner, run_ablations, run_bench
-from daemon.des.workloads import WORKLOADS, WorkloadSpecError, check_workload_name
-from workers.engines.costmodel import load_profile
+from tetri.costmodel import load_profile
+from tetri.des.experiments import TETRI, VANILLA, BenchSetup, des_runner, run_ablations, run_bench
+from tetri.des.workloads import WORKLOADS, WorkloadSpecError, check_workload_name
 
 from .bench_live import live_runner
 from .output import print_json, progress, table, user_errors

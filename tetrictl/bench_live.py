@@ -17,9 +17,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from daemon.des.cluster import ClusterConfig, InstanceRecord, RequestRecord, RunResult
-from daemon.des.experiments import Runner
-from daemon.des.workloads import Request
+from tetri.des.cluster import ClusterConfig, InstanceRecord, RequestRecord, RunResult
+from tetri.des.experiments import Runner
+from tetri.des.workloads import Request
 
 from .client import Target, TetriClient
 from .procs import start_local_cluster

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from daemon.scheduling.flip import FLIP_POLICIES
+from tetri.scheduling.flip import FLIP_POLICIES
 
 from .client import ClientError, TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target

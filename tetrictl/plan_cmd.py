@@ -1,7 +1,7 @@
 """`tetrictl plan …`: the offline KV-budget planner (Sorted-F and baselines) from the terminal.
 
 A thin shell: it reads and writes files, times the solves and prints; every decision is made by
-`daemon.planner`.
+`tetri.planner`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Annotated, Any
 
 import typer
 
-from daemon.planner import generate as gen
-from daemon.planner.bounds import best_bound
-from daemon.planner.lp import LP_MAX_NONZEROS, lp_nonzeros
-from daemon.planner.metrics import summarize
-from daemon.planner.planfile import build_plan, parse_plan, plan_order, schedule_rows
-from daemon.planner.policies import POLICIES, PolicyResult, check_policy, run_order, run_policy
-from daemon.planner.solvers import check_solver
-from daemon.planner.workload import Workload, WorkloadError, dump_jsonl, parse_jsonl
+from tetri.planner import generate as gen
+from tetri.planner.bounds import best_bound
+from tetri.planner.lp import LP_MAX_NONZEROS, lp_nonzeros
+from tetri.planner.metrics import summarize
+from tetri.planner.planfile import build_plan, parse_plan, plan_order, schedule_rows
+from tetri.planner.policies import POLICIES, PolicyResult, check_policy, run_order, run_policy
+from tetri.planner.solvers import check_solver
+from tetri.planner.workload import Workload, WorkloadError, dump_jsonl, parse_jsonl
 
 from .output import print_json, progress, table, user_errors
 

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 import typer
 
-from daemon.scheduling.admission import ADMISSION_POLICIES
-from daemon.scheduling.dispatch import DISPATCH_POLICIES
-from daemon.scheduling.predictor import PREDICTORS
-from daemon.scheduling.prefill import PREFILL_POLICIES
+from tetri.scheduling.admission import ADMISSION_POLICIES
+from tetri.scheduling.dispatch import DISPATCH_POLICIES
+from tetri.scheduling.predictor import PREDICTORS
+from tetri.scheduling.prefill import PREFILL_POLICIES
 
 from .client import TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target

@@ -1,7 +1,7 @@
 """`tetrictl profile --engine vllm --model DIR`: calibrate the sim engine's cost model on a real engine.
 
 Measures prefill time against prompt tokens and decode step time against batch size and context on
-vLLM (workers/engines/vllm/measure.py), fits the roofline (workers/engines/calibrate.py) on two thirds
+vLLM (workers/engines/vllm/measure.py), fits the roofline (tetri/calibrate.py) on two thirds
 of the points, reports the error on the third held out, and writes a profiles file the sim engine loads
 (`--profiles-file` on workers and `tetrictl bench`).
 """
@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from workers.engines.calibrate import Measurement, base_profile, errors, fit, predict, to_toml
+from tetri.calibrate import Measurement, base_profile, errors, fit, predict, to_toml
 
 from . import exitcodes
 from .output import err, fail, out, print_json, table

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 
-from daemon.planner.planfile import Plan, build_plan, parse_plan
-from daemon.planner.policies import run_policy
-from daemon.planner.workload import Workload, WorkloadError
+from tetri.planner.planfile import Plan, build_plan, parse_plan
+from tetri.planner.policies import run_policy
+from tetri.planner.workload import Workload, WorkloadError
 
 from .client import ClientError, TetriClient
 

@@ -10,8 +10,8 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from daemon.planner.planfile import parse_plan
-from daemon.planner.workload import parse_jsonl
+from tetri.planner.planfile import parse_plan
+from tetri.planner.workload import parse_jsonl
 
 from . import exitcodes
 from .client import ClientError, TetriClient

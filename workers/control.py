@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from .peers import auth_metadata
-from .proto import pb, rpc
+from tetri.proto import pb, rpc
+from tetri.proto.peers import auth_metadata
+
 from .service import WorkerService
 
 log = logging.getLogger(__name__)

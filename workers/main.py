@@ -16,13 +16,13 @@ from pathlib import Path
 
 import grpc
 
-from daemon.config import WorkerSettings
+from tetri.config import WorkerSettings
+from tetri.proto import rpc
+from tetri.proto.peers import Peers
 
 from .clock import ScaledClock
 from .control import ControlLink, RegistrationRefused
 from .engines.base import Engine
-from .peers import Peers
-from .proto import rpc
 from .service import WorkerService
 
 log = logging.getLogger("tetri.worker")
@@ -127,7 +127,7 @@ def run(settings: WorkerSettings) -> int:
 if __name__ == "__main__":
     import argparse
 
-    from daemon.config import ConfigError, load_worker_settings
+    from tetri.config import ConfigError, load_worker_settings
 
     ap = argparse.ArgumentParser(description="Run one Tetri worker.")
     for flag in ("role", "engine", "profile", "instance-id", "host", "daemon", "token", "model", "kv-connector"):

@@ -1,6 +1,6 @@
 """The Worker gRPC service over an `Engine`: prefill with KV hand-over, decode, colocated.
 
-A thin shell: the engine computes, `daemon.scheduling.routing` chooses the decode instance, this module
+A thin shell: the engine computes, `tetri.scheduling.routing` chooses the decode instance, this module
 moves messages. Tokens are coalesced: a chunk carries every token produced since the previous one.
 """
 
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from daemon.scheduling.dispatch import DecodeLoad, dispatch
-from daemon.scheduling.policyset import PolicySet
-from daemon.scheduling.predictor import LengthPredictor, make_predictor
+from tetri.proto import pb, rpc
+from tetri.proto.peers import Peers
+from tetri.scheduling.dispatch import DecodeLoad, dispatch
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.predictor import LengthPredictor, make_predictor
 
 from .engines.base import Engine, EngineError, EngineRequest, KVHandle
-from .peers import Peers
-from .proto import pb, rpc
 
 log = logging.getLogger(__name__)
 _DONE = object()

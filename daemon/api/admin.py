@@ -13,14 +13,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 
-from daemon.planner.planfile import parse_plan
-from daemon.planner.workload import WorkloadError
-from workers.proto import pb
+from tetri.planner.planfile import parse_plan
+from tetri.planner.workload import WorkloadError
+from tetri.proto import pb
+from tetri.scheduling.policyset import PolicyError
 
 from ..db.models import Phase, Status
 from ..flips import FlipError
 from ..gateway import Gateway
-from ..scheduling.policyset import PolicyError
 from .auth import require_admin
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)])

@@ -16,12 +16,12 @@ import grpc
 import pytest
 
 from daemon.cluster import Cluster, ControlPlaneService, Instance
+from tetri.costmodel import load_profile
+from tetri.proto import pb, rpc
+from tetri.proto.peers import Peers, auth_metadata
 from workers.clock import ScaledClock
 from workers.control import ControlLink, RegistrationRefused
-from workers.engines.costmodel import load_profile
 from workers.engines.sim import SimEngine, sim_token
-from workers.peers import Peers, auth_metadata
-from workers.proto import pb, rpc
 from workers.service import DecodeView, WorkerService
 
 PROFILE = load_profile("tiny")

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.des.cluster import ClusterConfig, RunResult, simulate
-from daemon.des.experiments import TETRI_POLICY, BenchSetup, ablation_flip, run_bench
-from daemon.des.metrics import HEADLINE, relative_change, summarize
-from daemon.des.workloads import (
+from tetri.costmodel import CostModel, load_profile
+from tetri.des.cluster import ClusterConfig, RunResult, simulate
+from tetri.des.experiments import TETRI_POLICY, BenchSetup, ablation_flip, run_bench
+from tetri.des.metrics import HEADLINE, relative_change, summarize
+from tetri.des.workloads import (
     LIGHT_OUTPUT_MAX,
     LIGHT_PROMPT_MAX,
     WORKLOADS,
@@ -25,10 +26,9 @@ from daemon.des.workloads import (
     make_workload,
     shifting_workload,
 )
-from daemon.scheduling.flip import FlipDecision, InstanceView
-from daemon.scheduling.policyset import PolicySet
-from daemon.scheduling.prefill import ChunkedPrefill, PrefillItem
-from workers.engines.costmodel import CostModel, load_profile
+from tetri.scheduling.flip import FlipDecision, InstanceView
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.prefill import ChunkedPrefill, PrefillItem
 
 OPT = load_profile("opt-13b-v100")
 COST = CostModel(OPT)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.engines.calibrate import Measurement, base_profile, errors, fit, predict, to_toml
-from workers.engines.costmodel import CostModel, load_profile
+from tetri.calibrate import Measurement, base_profile, errors, fit, predict, to_toml
+from tetri.costmodel import CostModel, load_profile
 
 
 def synthetic_truth():

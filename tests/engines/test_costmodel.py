@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.engines.costmodel import DEFAULT_PROFILES_PATH, CostModel, list_profiles, load_profile
+from tetri.costmodel import DEFAULT_PROFILES_PATH, CostModel, list_profiles, load_profile
 
 REQUIRED = ("opt-13b-v100", "llama3-8b-h100", "tiny")
 

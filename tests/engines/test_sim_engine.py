@@ -13,9 +13,9 @@ from typing import Any, cast
 
 import pytest
 
+from tetri.costmodel import load_profile
 from workers.clock import ScaledClock
 from workers.engines.base import EngineError, EngineRequest, KVHandle
-from workers.engines.costmodel import load_profile
 from workers.engines.sim import IterationStats, SimEngine, sim_token
 
 SCALE = 10_000.0  # model seconds per wall second: tiny's millisecond iterations become sub-microsecond

@@ -1,4 +1,4 @@
-"""SimEngine driven by the `daemon.scheduling` policy objects: chunked prefill (ChunkSize, padding,
+"""SimEngine driven by the `tetri.scheduling` policy objects: chunked prefill (ChunkSize, padding,
 fcfs / sjf / ljf within PrefillSchedBatch, chunked off), decode admission (greedy, reserve-static,
 reserve-dynamic, plan), and hot-swapping them with `configure`.
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from daemon.scheduling.policyset import PolicySet
+from tetri.costmodel import load_profile
+from tetri.scheduling.policyset import PolicySet
 from workers.clock import ScaledClock
 from workers.engines.base import EngineRequest, KVHandle
-from workers.engines.costmodel import load_profile
 from workers.engines.sim import IterationStats, SimEngine, sim_token
 
 SCALE = 10_000.0

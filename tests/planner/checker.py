@@ -3,8 +3,8 @@ through time one step at a time and shares no code with the executor."""
 
 from __future__ import annotations
 
-from daemon.planner.executor import Schedule
-from daemon.planner.workload import Workload
+from tetri.planner.executor import Schedule
+from tetri.planner.workload import Workload
 
 
 def check_schedule(w: Workload, memory: int, sched: Schedule, allow_evictions: bool = False) -> int:

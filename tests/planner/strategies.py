@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from daemon.planner.workload import Workload
+from tetri.planner.workload import Workload
 
 
 @st.composite

@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.planner.bounds import best_bound, cheap_bound
-from daemon.planner.lp import LPTooLarge, solve_lp
-from daemon.planner.policies import run_policy
-from daemon.planner.workload import Workload
+from tetri.planner.bounds import best_bound, cheap_bound
+from tetri.planner.lp import LPTooLarge, solve_lp
+from tetri.planner.policies import run_policy
+from tetri.planner.workload import Workload
 
 
 def brute_optimal_tel(w: Workload, memory: int) -> int:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from daemon.planner.executor import execute, memory_trace
-from daemon.planner.policies import run_policy
-from daemon.planner.profile import KVProfile
-from daemon.planner.workload import Workload
+from tetri.planner.executor import execute, memory_trace
+from tetri.planner.policies import run_policy
+from tetri.planner.profile import KVProfile
+from tetri.planner.workload import Workload
 
 from .checker import check_schedule
 from .strategies import workloads

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
-from daemon.planner.bounds import cheap_bound
-from daemon.planner.lp import solve_lp
-from daemon.planner.metrics import summarize
-from daemon.planner.policies import run_policy
+from tetri.planner.bounds import cheap_bound
+from tetri.planner.lp import solve_lp
+from tetri.planner.metrics import summarize
+from tetri.planner.policies import run_policy
 
 from .checker import check_schedule
 from .strategies import workloads
@@ -65,7 +65,7 @@ def test_amin_never_exceeds_memory_with_true_lengths(case):
 @given(workloads())
 def test_amin_with_exact_predictions_is_sorted_f(case):
     w, memory = case
-    from daemon.planner.workload import Workload
+    from tetri.planner.workload import Workload
 
     exact = Workload(w.ids, w.s, w.o, w.a, w.o.copy(), w.o.copy())
     amin = run_policy("sorted-f-amin", exact, memory, solver="dp")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.planner.solvers import (
+from tetri.planner.solvers import (
     choose_solver,
     dp_batch,
     f_value,
@@ -17,7 +17,7 @@ from daemon.planner.solvers import (
     sorted_f_phase1,
     swap_batch,
 )
-from daemon.planner.workload import WorkloadError
+from tetri.planner.workload import WorkloadError
 
 
 def brute_best_f(s: np.ndarray, o: np.ndarray, memory: int) -> float:

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from daemon.planner.generate import Mix, generate, with_width
-from daemon.planner.planfile import build_plan, parse_plan, plan_order
-from daemon.planner.policies import run_policy
-from daemon.planner.workload import Workload, WorkloadError, dump_jsonl, parse_jsonl
+from tetri.planner.generate import Mix, generate, with_width
+from tetri.planner.planfile import build_plan, parse_plan, plan_order
+from tetri.planner.policies import run_policy
+from tetri.planner.workload import Workload, WorkloadError, dump_jsonl, parse_jsonl
 
 GOOD = '{"id": "a", "prompt_tokens": 3, "output_tokens": 2}'
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from daemon.scheduling.admission import ADMISSION_POLICIES, Running, Waiting, admit
+from tetri.scheduling.admission import ADMISSION_POLICIES, Running, Waiting, admit
 
 SETTINGS = settings(max_examples=100, deadline=None)
 

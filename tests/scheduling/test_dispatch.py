@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.scheduling.dispatch import DecodeLoad, dispatch, least_kv, power_of_two
+from tetri.scheduling.dispatch import DecodeLoad, dispatch, least_kv, power_of_two
 
 HEAVY, LIGHT = 401, 1  # lower ends of predicted ranges around the 128-token threshold
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.scheduling.flip import FlipDecision, InstanceView, TransitionWatcher, check_flip_policy
+from tetri.scheduling.flip import FlipDecision, InstanceView, TransitionWatcher, check_flip_policy
 
 
 def view(iid: str, role: str, kv: float, state: str = "active", queued: int = 0) -> InstanceView:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.scheduling.policyset import PolicyError, PolicySet
+from tetri.scheduling.policyset import PolicyError, PolicySet
 
 INVALID: list[tuple[str, Any]] = [
     ("prefill_policy", "lifo"),

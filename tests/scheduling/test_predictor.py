@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.scheduling.predictor import (
+from tetri.scheduling.predictor import (
     LearnedPredictor,
     OraclePredictor,
     bucket_of,

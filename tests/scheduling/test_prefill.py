@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.scheduling.prefill import (
+from tetri.scheduling.prefill import (
     PREFILL_POLICIES,
     Chunk,
     ChunkedPrefill,

@@ -16,8 +16,8 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
-from daemon.planner.planfile import parse_plan
-from daemon.planner.workload import WorkloadError
+from tetri.planner.planfile import parse_plan
+from tetri.planner.workload import WorkloadError
 
 from ..client import ClientError, TetriClient, Unreachable
 from ..replay import Progress, Replay, backlog

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from daemon.scheduling.flip import InstanceView, TransitionWatcher
+from tetri.scheduling.flip import InstanceView, TransitionWatcher
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 QUEUE_FULL = TransitionWatcher.queue_full  # queued requests that count as a fully loaded instance

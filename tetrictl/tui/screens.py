@@ -10,11 +10,11 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown, Select
 
-from daemon.scheduling.admission import ADMISSION_POLICIES
-from daemon.scheduling.dispatch import DISPATCH_POLICIES
-from daemon.scheduling.flip import FLIP_POLICIES
-from daemon.scheduling.predictor import PREDICTORS
-from daemon.scheduling.prefill import PREFILL_POLICIES
+from tetri.scheduling.admission import ADMISSION_POLICIES
+from tetri.scheduling.dispatch import DISPATCH_POLICIES
+from tetri.scheduling.flip import FLIP_POLICIES
+from tetri.scheduling.predictor import PREDICTORS
+from tetri.scheduling.prefill import PREFILL_POLICIES
 
 SELECTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "prefill_policy": ("prefill order", PREFILL_POLICIES),

@@ -3,7 +3,7 @@
 One asyncio task runs the batching loop. Each iteration is planned synchronously (admission,
 preemption, chunking), its duration comes from `CostModel`, the loop sleeps that long on the injected
 `Clock`, then delivers the iteration's results. The scheduling decisions are the pure policy objects
-of `daemon.scheduling` (the same ones the discrete-event simulator uses), configured by a `PolicySet`
+of `tetri.scheduling` (the same ones the discrete-event simulator uses), configured by a `PolicySet`
 that `configure` swaps at runtime. Roles (docs/sim-engine.md has the details):
 
 * ``prefill``: TetriInfer's chunked prefill (`ChunkedPrefill`): fixed ChunkSize chunks, the last partial
@@ -32,12 +32,12 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from daemon.scheduling.admission import Running, Waiting, admit
-from daemon.scheduling.policyset import PolicySet
-from daemon.scheduling.prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
+from tetri.costmodel import CostModel, Profile
+from tetri.scheduling.admission import Running, Waiting, admit
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
 from workers.clock import Clock
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
-from workers.engines.costmodel import CostModel, Profile
 
 ROLES = ("prefill", "decode", "colocated")
 TOKENS_PER_S_WINDOW_S = 1.0  # model seconds over which usage().tokens_per_s counts tokens

@@ -6,7 +6,7 @@
   and the connector's transfer parameters make the `PrefillOutput`.
 * decode role: ``load_kv`` checks the KV is there (ExampleConnector: the producer's folder, waiting up
   to ``kv_wait_s``; a missing one is an `EngineError` or a recompute, per ``on_missing_kv``);
-  ``decode`` waits for our admission policy (`daemon.scheduling.admission.admit` over this engine's KV
+  ``decode`` waits for our admission policy (`tetri.scheduling.admission.admit` over this engine's KV
   capacity, blocks × block size) and then continues ``prompt + [first token]`` with the connector as
   consumer, streaming tokens. vLLM reports how many prompt tokens came from the connector
   (``num_cached_tokens``, prefix caching off): `kv_loaded`.
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.scheduling.admission import Running, Waiting, admit
-from daemon.scheduling.policyset import PolicySet
-from daemon.scheduling.prefill import FixedBatchPrefill, PrefillItem
+from tetri.scheduling.admission import Running, Waiting, admit
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.prefill import FixedBatchPrefill, PrefillItem
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
 
 from . import connectors

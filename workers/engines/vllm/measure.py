@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tetri.calibrate import Measurement
+from tetri.costmodel import ModelSpec
 from workers.engines.base import EngineRequest
-from workers.engines.calibrate import Measurement
-from workers.engines.costmodel import ModelSpec
 
 from .engine import VllmEngine, VllmOptions
 

@@ -3,7 +3,7 @@ roofline cost model, on a virtual clock.
 
 A heap of events (arrival, iteration done, KV transfer done, watcher tick, flip done) ordered by
 (time, sequence number); no asyncio, no sleeping, no wall clock; deterministic for a seed. Every
-scheduling decision is made by the objects the live system uses (`daemon.scheduling`): `least_loaded`
+scheduling decision is made by the objects the live system uses (`tetri.scheduling`): `least_loaded`
 routes arrivals, `ChunkedPrefill` / `order_prefill` order and chunk prompts, the predictor gives each
 request its range, `dispatch` picks a decode instance, `admit` admits into the decode batch and a
 `TransitionWatcher` decides flips. Time comes only from `CostModel`. The iteration rules mirror the
@@ -47,14 +47,14 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
 
-from daemon.scheduling.admission import Running, Waiting, admit
-from daemon.scheduling.dispatch import DecodeLoad, dispatch
-from daemon.scheduling.flip import FlipDecision, InstanceView, TransitionWatcher
-from daemon.scheduling.policyset import PolicySet
-from daemon.scheduling.predictor import OraclePredictor, make_predictor
-from daemon.scheduling.prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
-from daemon.scheduling.routing import InstanceLoad, least_loaded
-from workers.engines.costmodel import CostModel, Profile, load_profile
+from tetri.costmodel import CostModel, Profile, load_profile
+from tetri.scheduling.admission import Running, Waiting, admit
+from tetri.scheduling.dispatch import DecodeLoad, dispatch
+from tetri.scheduling.flip import FlipDecision, InstanceView, TransitionWatcher
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.predictor import OraclePredictor, make_predictor
+from tetri.scheduling.prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
+from tetri.scheduling.routing import InstanceLoad, least_loaded
 
 from .workloads import LIGHT_OUTPUT_MAX, Request
 

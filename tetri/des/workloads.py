@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from daemon.planner.workload import WorkloadError
+from tetri.planner.workload import WorkloadError
 
 LIGHT_PROMPT_MAX = 512  # FACTS: heavy prefill > 512 prompt tokens
 LIGHT_OUTPUT_MAX = 128  # FACTS: heavy decode > 128 output tokens

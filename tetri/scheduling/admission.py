@@ -10,7 +10,7 @@ per step until it finishes. Policies (each returns the waiting requests to admit
 * ``reserve-dynamic`` — also admit when memory suffices until the shortest predicted remaining job
   finishes and frees its memory: usage grows for r_min steps, the candidate's included.
 * ``plan`` — admit in the order of a Sorted-F plan, while the future fits (the planner's own admission
-  test, `daemon.planner.profile.KVProfile`, with M = capacity). `plan_order` lists the planned ids not
+  test, `tetri.planner.profile.KVProfile`, with M = capacity). `plan_order` lists the planned ids not
   yet admitted; if the next one has not arrived the plan waits for it (the caller drops ids that failed).
 
 Without a prediction a request's remaining length is taken as unknown: reserve policies then reserve
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daemon.planner.profile import KVProfile
+from tetri.planner.profile import KVProfile
 
 ADMISSION_POLICIES = ("greedy", "reserve-static", "reserve-dynamic", "plan")
 

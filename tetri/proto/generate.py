@@ -1,4 +1,4 @@
-"""Regenerate the committed gRPC code from tetri.proto: ``python -m workers.proto.generate``.
+"""Regenerate the committed gRPC code from tetri.proto: ``python -m tetri.proto.generate``.
 
 ``--check`` regenerates into a temporary folder and exits 1 if anything differs (a test runs it).
 """
@@ -36,7 +36,7 @@ def main() -> int:
             generate(Path(tmp))
             stale = [f for f in FILES if (Path(tmp) / f).read_text() != (HERE / f).read_text()]
         if stale:
-            print(f"stale generated code: {', '.join(stale)} (run python -m workers.proto.generate)")
+            print(f"stale generated code: {', '.join(stale)} (run python -m tetri.proto.generate)")
             return 1
         return 0
     generate(HERE)

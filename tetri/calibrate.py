@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from .costmodel import CostModel, Gpu, ModelSpec, Profile
+from tetri.costmodel import CostModel, Gpu, ModelSpec, Profile
 
 # log-space bounds: rates from 1 MFLOP/s (1 MB/s) to 1 EFLOP/s (1 EB/s), overheads from 0.1 µs to 10 s
 BOUNDS = (np.log([1e6, 1e6, 1e-7, 1e-7]), np.log([1e18, 1e18, 10.0, 10.0]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from .proto import rpc
+from . import rpc
 
 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -64,7 +64,7 @@ class WorkerSettings(BaseSettings):
 
     role: Role = Field("prefill", description="prefill, decode or colocated.")
     engine: Literal["sim", "vllm"] = Field("sim", description="Compute engine: sim, or vllm (the optional extra).")
-    profile: str = Field("opt-13b-v100", description="Sim engine profile (workers/engines/profiles.toml).")
+    profile: str = Field("opt-13b-v100", description="Sim engine profile (tetri/profiles.toml).")
     profiles_file: str | None = Field(
         None, description="Sim engine: a profiles file to read the profile from (e.g. `tetrictl profile`'s)."
     )

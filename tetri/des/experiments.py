@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from daemon.scheduling.policyset import PolicySet
-from workers.engines.costmodel import CostModel, load_profile
+from tetri.costmodel import CostModel, load_profile
+from tetri.scheduling.policyset import PolicySet
 
 from .cluster import ClusterConfig, RunResult, simulate
 from .metrics import HEADLINE, relative_change, summarize
