@@ -30,7 +30,8 @@ log = logging.getLogger("tetri.worker")
 
 def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
     if settings.engine == "sim":
-        from .engines.costmodel import load_profile
+        from tetri.costmodel import load_profile
+
         from .engines.sim import SimEngine
 
         path = Path(settings.profiles_file) if settings.profiles_file else None
