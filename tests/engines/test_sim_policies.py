@@ -237,7 +237,7 @@ def test_turning_chunked_off_lets_started_prompts_finish_chunked():
         assert not pre.chunked
         await pre.stop()
 
-        whole, log = await engine("prefill", chunked=False, policies=PolicySet(chunk_size=128))
+        whole, log = await engine("prefill", chunked=False, max_batched_tokens=300, policies=PolicySet(chunk_size=128))
 
         def switch_on(stats: IterationStats) -> None:
             log.append(stats)
@@ -430,7 +430,7 @@ def test_plan_admission_follows_the_given_order():
         assert log[0].requests == (("c", 1), ("a", 1))
         assert max_running(log) == 2 and dec.preemptions == 0
         assert dec.policy_stats()["admitted_by_policy"] == 4
-        assert dec._plan_order == []  # admitted ids leave the plan
+        assert dec.sched.plan_order == ()  # admitted ids leave the plan
         await dec.stop()
 
     run(main())
@@ -460,7 +460,7 @@ def test_plan_drops_aborted_ids_and_admits_unplanned_requests_after_the_plan():
         dec.set_plan(["b", "a"])
         await dec.load_kv(b, KVHandle("b", 100, 0, "p"))
         await dec.abort("b")  # the plan no longer waits for it
-        assert dec._plan_order == ["a"]
+        assert dec.sched.plan_order == ("a",)
         await decode_all(dec, [c, a])  # `c` is not in the plan: it comes after `a`
         assert log[0].requests[0][0] == "a"
         await dec.stop()

@@ -13,8 +13,13 @@ per step until it finishes. Policies (each returns the waiting requests to admit
   test, `tetri.planner.profile.KVProfile`, with M = capacity). `plan_order` lists the planned ids not
   yet admitted; if the next one has not arrived the plan waits for it (the caller drops ids that failed).
 
-Without a prediction a request's remaining length is taken as unknown: reserve policies then reserve
-up to its maximum (max_tokens), which is safe but conservative.
+What a policy counts for a request is `predicted_total`: with a predicted range [lo, hi] (a length
+bucket, 200 tokens wide by default) it is one named point of the bucket — ``lower`` (lo), ``mid``
+((lo + hi) // 2) or ``upper`` (hi), the `PolicySet.reserve_point` — capped at max_tokens; without a
+prediction it is max_tokens (unknown: reserve up to the maximum, safe but conservative). A request's
+remaining tokens are that total minus what it has produced, at least 1 (`remaining`). With 200-token
+buckets the lower end of every answer under 200 tokens is 1, so ``lower`` reserves (almost) nothing
+for most chat answers; the bench's ablation (docs/bench.md) measures all three points.
 """
 
 from __future__ import annotations
@@ -25,6 +30,28 @@ from dataclasses import dataclass
 from tetri.planner.profile import KVProfile
 
 ADMISSION_POLICIES = ("greedy", "reserve-static", "reserve-dynamic", "plan")
+RESERVE_POINTS = ("lower", "mid", "upper")
+
+
+def predicted_total(predicted: tuple[int, int] | None, max_tokens: int, point: str = "lower") -> int:
+    """The output length a policy counts for a request: a point of its predicted bucket, or max_tokens."""
+    if predicted is None:
+        return max_tokens
+    lo, hi = predicted
+    if point == "lower":
+        total = lo
+    elif point == "mid":
+        total = (lo + hi) // 2
+    elif point == "upper":
+        total = hi
+    else:
+        raise ValueError(f"unknown reserve point {point!r} (choose from {', '.join(RESERVE_POINTS)})")
+    return max(1, min(total, max_tokens))
+
+
+def remaining(predicted: tuple[int, int] | None, max_tokens: int, produced: int, point: str = "lower") -> int:
+    """Predicted tokens still to produce (≥ 1): each one is one more KV slot."""
+    return max(1, predicted_total(predicted, max_tokens, point) - produced)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,25 @@ class TransitionWatcher:
         return []
 
 
+def flip_refusal(instance_id: str, role: str, state: str, to_role: str, active_of_role: int) -> str | None:
+    """Why an instance may not flip to `to_role` now (None: it may). The one rule the daemon's flip API,
+    the worker's Flip RPC and the simulator all apply: only prefill ⇄ decode, to the other role, from
+    the active state, and never the last active instance of its role (`active_of_role` counts it)."""
+    if role not in ("prefill", "decode"):
+        return f"instance {instance_id} is {role}: only prefill and decode instances flip"
+    if to_role not in ("prefill", "decode"):
+        return f"to: must be prefill or decode, got {to_role!r}"
+    if to_role == role:
+        return f"instance {instance_id} already is a {to_role} instance"
+    if state in ("draining", "flipping"):
+        return f"instance {instance_id} is already flipping"
+    if state != "active":
+        return f"instance {instance_id} is {state}"
+    if active_of_role < 2:
+        return f"instance {instance_id} is the last active {role} instance"
+    return None
+
+
 def check_flip_policy(policy: str, low: float, high: float, window_s: float) -> None:
     if policy not in FLIP_POLICIES:
         raise ValueError(f"unknown flip policy {policy!r} (choose from {', '.join(FLIP_POLICIES)})")

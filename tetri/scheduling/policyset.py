@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import ADMISSION_POLICIES
+from .admission import ADMISSION_POLICIES, RESERVE_POINTS
 from .dispatch import DISPATCH_POLICIES
 from .flip import FLIP_POLICIES
 from .predictor import PREDICTORS
@@ -34,6 +34,7 @@ class PolicySet:
     predictor_granularity: int = 200
     dispatch: str = "least-kv"  # pot | least-kv
     decode_admission: str = "greedy"  # greedy | reserve-static | reserve-dynamic | plan
+    reserve_point: str = "lower"  # lower | mid | upper: the point of a predicted bucket policies count
     flip_policy: str = "off"  # off | idle
     flip_low: float = 0.10
     flip_high: float = 0.80
@@ -45,6 +46,7 @@ class PolicySet:
             "predictor": PREDICTORS,
             "dispatch": DISPATCH_POLICIES,
             "decode_admission": ADMISSION_POLICIES,
+            "reserve_point": RESERVE_POINTS,
             "flip_policy": FLIP_POLICIES,
         }
         for name, allowed in choices.items():

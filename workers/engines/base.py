@@ -4,8 +4,10 @@ Contract (both the sim engine and the vLLM engine keep it):
 
 * Tokens are ints. ``prefill`` returns the first output token (index 0) and a `KVHandle` for the
   prompt's KV, which the engine keeps until ``release_kv`` (after the hand-over) or ``abort``.
-* A decode engine ``load_kv`` s a handle (waiting for the transfer), then ``decode`` yields the tokens
-  at indices 1 … max_tokens − 1 as they are produced. ``generate`` (colocated) yields indices
+* A decode engine ``load_kv`` s a handle: it returns once the decode instance has taken the KV (the sim
+  engine: when its admission pulls it; the transfer then runs inside the engine), after which the
+  prefill side releases it; then ``decode`` yields the tokens at indices 1 … max_tokens − 1 as they are
+  produced. ``generate`` (colocated) yields indices
   0 … max_tokens − 1. Iterators end after the last token; ``abort`` ends them early.
 * ``usage()`` never blocks: capacity and usage in KV tokens, queue and running counts, recent tokens/s.
 * Engines are async and run their own batching loop; ``start``/``stop`` own that task.
@@ -59,6 +61,10 @@ class EngineUsage:
     waiting: int
     tokens_per_s: float
     preemptions: int = 0
+    held_tokens: int = 0  # prefill: KV of prefilled prompts no decode instance has pulled yet
+    heavy: int = 0  # decode: requests here predicted heavy (dispatch's split), and light
+    light: int = 0
+    predicted_growth_tokens: int = 0  # decode: Σ predicted tokens still to produce
 
 
 class Engine(ABC):
@@ -76,7 +82,9 @@ class Engine(ABC):
     async def prefill(self, req: EngineRequest) -> PrefillOutput: ...
 
     @abstractmethod
-    async def load_kv(self, req: EngineRequest, kv: KVHandle) -> None: ...
+    async def load_kv(self, req: EngineRequest, kv: KVHandle) -> None:
+        """Decode: take over a prefilled request's KV. Returns once this instance has taken the KV (its
+        admission pulled it, or the connector has it): from then on the source may free it."""
 
     @abstractmethod
     def decode(self, req: EngineRequest, first_token: int) -> AsyncIterator[int]: ...

@@ -1,0 +1,653 @@
+"""The instance scheduler: every rule of one iteration of one prefill, decode or colocated instance.
+
+Shaped like vLLM v1's scheduler: `add` a request, `schedule()` the next iteration (an `IterationPlan`:
+which pieces of which requests run, padding, recomputation, admissions, preemptions, KV pulls and how
+long the iteration takes on the cost model), `complete(plan)` when it has run (an `Outcome`: tokens
+produced, prompts prefilled, requests finished), `loaded`, `release`, `abort`, `usage()`. It owns the
+queues, the KV accounting, chunking, admission (every policy, plan order included), preemption and
+"remaining". The live sim engine (`workers/engines/sim.py`) is a loop of schedule → sleep → complete
+→ deliver tokens; the discrete-event simulator (`tetri/des/cluster.py`) is an event heap around the
+same calls; so a policy behaves the same live and simulated (tests/des/test_parity.py compares the
+plans exactly). Pure: no clock, no asyncio, no I/O.
+
+Roles (docs/sim-engine.md has the details and the figures):
+
+* ``prefill``: KV admission first — a prompt enters the prefill scheduler when its whole KV fits in the
+  free cache (FIFO: the head blocks those behind it); then TetriInfer's chunked prefill
+  (`ChunkedPrefill`: ChunkSize chunks, the last partial one padded, fcfs / sjf / ljf within
+  PrefillSchedBatch groups) or, chunked off, whole prompts up to ``prefill_budget`` (`FixedBatchPrefill`).
+  A prefilled prompt's KV stays **held** here until `release` — the decode instance has pulled it (or
+  the request needs no decode). Held KV counts against the cache, so an instance full of un-pulled KV
+  admits no more prompts (back-pressure), and `usage().held_tokens` shows it.
+* ``decode``: a request arrives with its KV still on the prefill instance (`add(…, produced=1)`: state
+  REMOTE, charged nowhere here). Each iteration: preempt the most recently admitted while the step would
+  overflow the cache (recompute-style: it re-queues at the front and, when re-admitted, rebuilds its
+  context within that step); admit with the decode policy (greedy / reserve-static / reserve-dynamic /
+  plan). An admitted REMOTE request is **pulled** (`plan.pulled`): its KV is charged here from that
+  moment (the prefill instance may free it) and it joins the running batch when the shell says it has
+  `loaded`. Then one token per running request.
+* ``colocated``: vLLM's default prefill-first schedule: if the admission policy lets waiting prompts in,
+  a prefill iteration over them, whole and unpadded, up to ``prefill_budget`` (at least one; a
+  preempted request re-prefills its prompt and output so far); otherwise one decode step.
+
+KV is conserved: a request's KV is charged to exactly one instance from its prefill's KV admission until
+it finishes or is dropped (the charge moves to the decode instance when it pulls), and `check()`
+verifies that used KV equals the sum of what the requests here hold and never exceeds capacity.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tetri.costmodel import CostModel
+
+from .admission import Running, Waiting, admit, predicted_total
+from .policyset import PolicySet
+from .prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
+
+ROLES = ("prefill", "decode", "colocated")
+HEAVY_DECODE = 128  # tokens: a request predicted to produce more is a heavy decode (ShareGPT's median answer)
+
+
+class Phase(enum.IntEnum):
+    """Where a request is on this instance (a finished or dropped request is forgotten)."""
+
+    WAITING = 0  # prefill: waiting for KV admission; colocated/decode: waiting for admission (decode: preempted)
+    REMOTE = 1  # decode: KV still on the prefill instance, waiting for admission
+    PREFILLING = 2  # KV charged, prompt (or recomputation) in progress
+    LOADING = 3  # decode: admitted, KV being pulled; charged here
+    RUNNING = 4  # decoding
+    HELD = 5  # prefill: prompt done, KV held until the decode instance pulls it
+
+
+@dataclass(frozen=True)
+class SchedRequest:
+    """What the scheduler knows of a request. `output_len`: the tokens it will produce (the sim engine
+    never stops early: max_tokens; the simulator: the workload's answer length, ≤ max_tokens)."""
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    predicted: tuple[int, int] | None = None
+    output_len: int | None = None
+
+    @property
+    def stop_at(self) -> int:
+        return self.max_tokens if self.output_len is None else self.output_len
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Part of one request's work in an iteration: `tokens` computed after `start` tokens of context
+    (prefill: prompt positions start … start + tokens − 1; decode: 1 token over `start` of context)."""
+
+    request_id: str
+    start: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """One iteration as planned. `pieces` empty: nothing runs (the plan only pulls KV)."""
+
+    kind: str  # "prefill" or "decode"
+    pieces: tuple[Piece, ...]
+    duration: float  # model seconds on the cost model
+    kv_used: int  # KV tokens in use (held or reserved) while it runs
+    padding: int = 0  # chunked prefill: tokens padding the chunk up to ChunkSize
+    recompute_tokens: int = 0  # context rebuilt within this iteration after preemptions
+    admitted: tuple[str, ...] = ()  # admitted by the decode-admission policy (decode, colocated)
+    preempted: tuple[str, ...] = ()  # preempted before it (most recently admitted first)
+    pulled: tuple[str, ...] = ()  # decode: admitted requests whose KV is now pulled from the prefill instance
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a completed iteration produced."""
+
+    tokens: tuple[tuple[str, int], ...]  # (request id, output token index)
+    prefilled: tuple[str, ...] = ()  # prefill role: prompts done, first token produced, KV held
+    finished: tuple[str, ...] = ()  # produced their last token; their KV is free
+
+
+@dataclass(frozen=True)
+class Usage:
+    kv_capacity_tokens: int
+    kv_used_tokens: int
+    held_tokens: int  # prefill: KV of prefilled prompts not yet pulled by a decode instance
+    running: int  # prefilling, loading or decoding
+    waiting: int  # waiting for KV admission (prefill) or admission (decode: remote or preempted)
+    held: int  # prefill: prompts done, KV not yet pulled
+    preemptions: int
+    heavy: int  # requests here predicted heavy (> HEAVY_DECODE tokens), for dispatch
+    light: int
+    predicted_growth_tokens: int  # Σ predicted tokens still to produce (0 for requests without a prediction)
+
+
+class _Req:
+    __slots__ = ("filled", "growth", "heavy", "kv", "n_out", "phase", "recompute", "req", "seq", "target")
+
+    def __init__(self, req: SchedRequest, phase: Phase, produced: int, seq: int) -> None:
+        self.req = req
+        self.phase = phase
+        self.n_out = produced  # output tokens produced so far (token indices 0 … n_out − 1)
+        self.kv = 0  # KV tokens charged to this instance
+        self.target = 0  # tokens the current prefill covers
+        self.filled = 0  # tokens of `target` prefilled so far
+        self.recompute = False  # decode: preempted, its context must be rebuilt when re-admitted
+        self.seq = seq  # arrival order here: the prefill order's tie-break
+        self.heavy = False
+        self.growth = 0  # this request's part of the instance's predicted growth
+
+
+def is_heavy(req: SchedRequest) -> bool:
+    """Dispatch's heavy/light split (TetriInfer §3.3.4): predicted lower end above HEAVY_DECODE; a
+    request without a prediction is light (nothing is known about it)."""
+    return req.predicted is not None and req.predicted[0] > HEAVY_DECODE
+
+
+class InstanceScheduler:
+    def __init__(
+        self,
+        role: str,
+        cost: CostModel,
+        policies: PolicySet | None = None,
+        *,
+        chunked: bool = True,
+        prefill_budget: int | None = None,
+        kv_capacity: int | None = None,
+        max_num_seqs: int | None = None,
+    ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown role '{role}'; known roles: {', '.join(ROLES)}")
+        self.role = role
+        self.cost = cost
+        profile = cost.profile
+        self.capacity = kv_capacity if kv_capacity is not None else cost.kv_capacity_tokens()
+        self.max_num_seqs = max_num_seqs if max_num_seqs is not None else profile.max_num_seqs
+        self.prefill_budget = (
+            prefill_budget
+            if prefill_budget is not None
+            else max(profile.model.max_model_len, profile.max_batched_tokens)
+        )
+        if self.prefill_budget < 1:
+            raise ValueError("prefill budget must be positive")
+        self.policies = policies if policies is not None else PolicySet()
+        self.chunked = bool(chunked)
+        p = self.policies
+        self._chunker = ChunkedPrefill(p.chunk_size, p.prefill_policy, p.prefill_sched_batch, pad=True)
+        self._whole = FixedBatchPrefill(p.prefill_policy, p.prefill_sched_batch)
+        self._chunked_applied = self.chunked
+        self._reqs: dict[str, _Req] = {}
+        self._waiting: deque[_Req] = deque()
+        self._prefilling: dict[str, _Req] = {}  # insertion order
+        self._loading: dict[str, _Req] = {}
+        self._running: list[_Req] = []  # admission order: the last is preempted first
+        self._held = 0  # prefill: prompts held
+        self._held_tokens = 0
+        self._used = 0  # Σ kv
+        self._arrivals = itertools.count(1)
+        self._plan_order: list[str] = []
+        self._plan_set: set[str] = set()
+        self._heavy = self._light = self._growth = 0
+        # counters, monotonic over the scheduler's life
+        self.preemptions = 0
+        self.recomputed_tokens = 0
+        self.prompt_tokens_processed = 0  # prefill tokens computed, recomputation included, padding not
+        self.padding_tokens = 0
+        self.admitted_by_policy = 0
+
+    # --- requests in -----------------------------------------------------------------------------
+
+    def add(self, req: SchedRequest, *, produced: int = 0) -> None:
+        """A new request: prefill and colocated roles queue its prompt; the decode role queues it with its
+        KV still remote and `produced` tokens already made (1: the prefill's first token)."""
+        if req.request_id in self._reqs:
+            raise ValueError(f"request {req.request_id} is already on this instance")
+        if self.role == "decode":
+            if produced < 1:
+                raise ValueError("a decode instance takes requests whose first token is produced")
+            r = _Req(req, Phase.REMOTE, produced, next(self._arrivals))
+        else:
+            r = _Req(req, Phase.WAITING, 0, next(self._arrivals))
+        self._reqs[req.request_id] = r
+        self._waiting.append(r)
+        if self.role == "decode":
+            r.heavy = is_heavy(req)
+            if r.heavy:
+                self._heavy += 1
+            else:
+                self._light += 1
+            self._set_growth(r)
+
+    def loaded(self, request_id: str) -> bool:
+        """Decode: a pulled request's KV has arrived; it decodes from the next iteration."""
+        r = self._reqs.get(request_id)
+        if r is None or r.phase is not Phase.LOADING:
+            return False
+        del self._loading[request_id]
+        r.phase = Phase.RUNNING
+        self._running.append(r)
+        return True
+
+    def release(self, request_id: str) -> bool:
+        """Prefill: a held prompt's KV was pulled by its decode instance (or is not needed): free it."""
+        r = self._reqs.get(request_id)
+        if r is None or r.phase is not Phase.HELD:
+            return False
+        self._forget(r)
+        return True
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request wherever it is, freeing its KV. False if it is not here."""
+        r = self._reqs.get(request_id)
+        if r is None:
+            return False
+        phase = r.phase
+        if phase in (Phase.WAITING, Phase.REMOTE):
+            self._waiting.remove(r)
+        elif phase is Phase.PREFILLING:
+            del self._prefilling[request_id]
+            if self.role == "prefill" and not self._chunker.remove(request_id):
+                self._whole.remove(request_id)
+        elif phase is Phase.LOADING:
+            del self._loading[request_id]
+        elif phase is Phase.RUNNING:
+            self._running.remove(r)
+        self._forget(r)
+        return True
+
+    # --- policies ------------------------------------------------------------------------------------
+
+    def configure(self, policies: PolicySet | None = None, *, chunked: bool | None = None) -> None:
+        """Hot-swap the policies (and chunked prefill on/off) from the next iteration; work already
+        ordered keeps its order, prompts part-way through a chunked prefill finish in the chunker."""
+        if policies is not None:
+            self._chunker.configure(policies.chunk_size, policies.prefill_policy, policies.prefill_sched_batch)
+            self._whole.configure(policies.prefill_policy, policies.prefill_sched_batch)
+            point_changed = policies.reserve_point != self.policies.reserve_point
+            self.policies = policies
+            if point_changed and self.role == "decode":
+                for r in self._reqs.values():
+                    self._set_growth(r)
+        if chunked is not None:
+            self.chunked = bool(chunked)
+
+    def set_plan(self, order: Sequence[str]) -> None:
+        """The planned admission order for the ``plan`` policy: ids not yet admitted (admitted ids are
+        ignored; admitted, finished and aborted ids leave the plan). The plan waits for a planned id that
+        has not arrived; waiting requests the plan does not name come after it."""
+        kept = [
+            rid
+            for rid in dict.fromkeys(order)
+            if (r := self._reqs.get(rid)) is None or r.phase in (Phase.WAITING, Phase.REMOTE)
+        ]
+        self._plan_order = kept
+        self._plan_set = set(kept)
+
+    # --- state ---------------------------------------------------------------------------------------
+
+    @property
+    def plan_order(self) -> tuple[str, ...]:
+        """The planned ids not admitted yet (the ``plan`` policy)."""
+        return tuple(self._plan_order)
+
+    def phase(self, request_id: str) -> Phase | None:
+        r = self._reqs.get(request_id)
+        return None if r is None else r.phase
+
+    def produced(self, request_id: str) -> int:
+        return self._reqs[request_id].n_out
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._reqs
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def usage(self) -> Usage:
+        return Usage(
+            kv_capacity_tokens=self.capacity,
+            kv_used_tokens=self._used,
+            held_tokens=self._held_tokens,
+            running=len(self._prefilling) + len(self._loading) + len(self._running),
+            waiting=len(self._waiting),
+            held=self._held,
+            preemptions=self.preemptions,
+            heavy=self._heavy,
+            light=self._light,
+            predicted_growth_tokens=self._growth,
+        )
+
+    def kv_held_by(self) -> dict[str, int]:
+        """KV tokens charged here, per request (those holding none are left out)."""
+        return {rid: r.kv for rid, r in self._reqs.items() if r.kv}
+
+    def check(self) -> None:
+        """The KV invariants: used KV is the sum of what the requests here hold, and within capacity."""
+        held = sum(r.kv for r in self._reqs.values())
+        if held != self._used:
+            raise AssertionError(f"KV used {self._used} ≠ Σ held by requests {held}")
+        if not 0 <= self._used <= self.capacity:
+            raise AssertionError(f"KV used {self._used} outside [0, {self.capacity}]")
+        for r in self._reqs.values():
+            charged = r.phase in (Phase.PREFILLING, Phase.LOADING, Phase.RUNNING, Phase.HELD)
+            if charged != (r.kv > 0):
+                raise AssertionError(f"request {r.req.request_id} in {r.phase.name} holds {r.kv} KV tokens")
+
+    # --- one iteration -------------------------------------------------------------------------------
+
+    def schedule(self) -> IterationPlan | None:
+        """Plan the next iteration (None: nothing to do until a request arrives, loads or is released)."""
+        if self.role == "prefill":
+            return self._schedule_prefill()
+        if self.role == "decode":
+            return self._schedule_decode(admit_waiting=True)
+        return self._schedule_colocated()
+
+    def complete(self, plan: IterationPlan) -> Outcome:
+        """The planned iteration has run: advance its requests. Requests aborted meanwhile are skipped."""
+        if plan.kind == "prefill":
+            return self._complete_prefill(plan)
+        return self._complete_decode(plan)
+
+    # --- prefill role ----------------------------------------------------------------------------------
+
+    def _sync_prefill_mode(self) -> None:
+        """Apply a chunked on/off switch: prompts not started move to the other queue; prompts part-way
+        through a chunked prefill stay in the chunker and finish there."""
+        if self.chunked == self._chunked_applied:
+            return
+        self._chunked_applied = self.chunked
+        if self.chunked:
+            for item in self._whole.drain():
+                self._chunker.add(item)
+            return
+        for r in self._prefilling.values():
+            if r.filled == 0 and self._chunker.remove(r.req.request_id):
+                self._whole.add(PrefillItem(r.req.request_id, r.req.prompt_len, r.seq))
+
+    def _schedule_prefill(self) -> IterationPlan | None:
+        self._sync_prefill_mode()
+        while self._waiting and len(self._prefilling) < self.max_num_seqs:
+            r = self._waiting[0]
+            if self._used + r.req.prompt_len > self.capacity:
+                break  # back-pressure: the free cache (held KV included) cannot take the head's prompt
+            self._waiting.popleft()
+            r.phase = Phase.PREFILLING
+            r.target = r.kv = r.req.prompt_len
+            r.filled = 0
+            self._used += r.kv
+            self._prefilling[r.req.request_id] = r
+            queue = self._chunker if self.chunked else self._whole
+            queue.add(PrefillItem(r.req.request_id, r.req.prompt_len, r.seq))
+        if len(self._chunker):  # chunked; or chunked off with prompts it had started
+            step = self._chunker.next_chunk()
+            assert step is not None
+            chunk, _ = step
+            pieces = tuple(Piece(rid, first, n) for rid, first, n in chunk.pieces)
+            # Padding costs compute: it extends the last piece up to ChunkSize.
+            costs = [(p.tokens, p.start) for p in pieces]
+            costs[-1] = (costs[-1][0] + chunk.padding, costs[-1][1])
+            self.padding_tokens += chunk.padding
+            return IterationPlan(
+                "prefill", pieces, self.cost.prefill_batch_time(costs), self._used, padding=chunk.padding
+            )
+        if len(self._whole):
+            items = self._whole.next_batch(self.prefill_budget)
+            pieces = tuple(Piece(x.request_id, 0, x.prompt_len) for x in items)
+            return IterationPlan("prefill", pieces, self._prefill_time(pieces), self._used)
+        return None
+
+    def _complete_prefill(self, plan: IterationPlan) -> Outcome:
+        tokens: list[tuple[str, int]] = []
+        prefilled: list[str] = []
+        finished: list[str] = []
+        for piece in plan.pieces:
+            r = self._reqs.get(piece.request_id)
+            if r is None or r.phase is not Phase.PREFILLING:  # aborted during the iteration
+                continue
+            r.filled += piece.tokens
+            self.prompt_tokens_processed += piece.tokens
+            if r.filled < r.target:
+                continue
+            del self._prefilling[piece.request_id]
+            tokens.append((piece.request_id, r.n_out))
+            r.n_out += 1
+            if self.role == "prefill":
+                r.phase = Phase.HELD
+                self._held += 1
+                self._held_tokens += r.kv
+                prefilled.append(piece.request_id)
+            elif r.n_out >= r.req.stop_at:
+                self._forget(r)
+                finished.append(piece.request_id)
+            else:
+                r.phase = Phase.RUNNING
+                self._running.append(r)
+        return Outcome(tuple(tokens), tuple(prefilled), tuple(finished))
+
+    # --- colocated role: prefill-first ------------------------------------------------------------------
+
+    def _schedule_colocated(self) -> IterationPlan | None:
+        admitted: list[str] = []
+        pieces: list[Piece] = []
+        total = 0
+        for r in self._policy_admissions():
+            need = r.req.prompt_len + r.n_out  # the prompt, plus output so far when recomputing
+            if pieces and total + need > self.prefill_budget:
+                break
+            self._take_waiting(r)
+            r.phase = Phase.PREFILLING
+            r.target = r.kv = need
+            r.filled = 0
+            self._used += need
+            if r.n_out > 0:
+                self.recomputed_tokens += need
+            self._prefilling[r.req.request_id] = r
+            pieces.append(Piece(r.req.request_id, 0, need))
+            admitted.append(r.req.request_id)
+            total += need
+        if pieces:
+            ps = tuple(pieces)
+            return IterationPlan("prefill", ps, self._prefill_time(ps), self._used, admitted=tuple(admitted))
+        return self._schedule_decode(admit_waiting=False)
+
+    # --- decode ----------------------------------------------------------------------------------------
+
+    def _schedule_decode(self, *, admit_waiting: bool) -> IterationPlan | None:
+        running = self._running
+        preempted: list[str] = []
+        while running and self._used + len(running) > self.capacity:
+            r = running.pop()
+            preempted.append(r.req.request_id)
+            self._preempt(r)
+        admitted: list[str] = []
+        pulled: list[str] = []
+        recompute = 0
+        if admit_waiting:
+            for r in self._policy_admissions():
+                self._take_waiting(r)
+                rid = r.req.request_id
+                admitted.append(rid)
+                cached = r.req.prompt_len + r.n_out - 1  # the prompt and the output tokens fed so far
+                r.kv = cached
+                self._used += cached
+                if r.phase is Phase.REMOTE:  # pull its KV: the charge moves here now
+                    r.phase = Phase.LOADING
+                    self._loading[rid] = r
+                    pulled.append(rid)
+                else:  # preempted: rebuild its context within this step (recompute-style)
+                    r.phase = Phase.RUNNING
+                    r.recompute = False
+                    recompute += cached
+                    running.append(r)
+            self.recomputed_tokens += recompute
+            self.prompt_tokens_processed += recompute
+        if not running:
+            if not pulled and not preempted:
+                return None
+            return IterationPlan(
+                "decode",
+                (),
+                0.0,
+                self._used,
+                admitted=tuple(admitted),
+                preempted=tuple(preempted),
+                pulled=tuple(pulled),
+            )
+        pieces = []
+        for r in running:
+            pieces.append(Piece(r.req.request_id, r.kv, 1))
+            r.kv += 1  # the slot of the token this step feeds
+        self._used += len(running)
+        duration = self.cost.decode_step_time(len(running), self._used)
+        if recompute:
+            duration += self.cost.prefill_flops(recompute) / self.cost.effective_flops
+        return IterationPlan(
+            "decode",
+            tuple(pieces),
+            duration,
+            self._used,
+            recompute_tokens=recompute,
+            admitted=tuple(admitted),
+            preempted=tuple(preempted),
+            pulled=tuple(pulled),
+        )
+
+    def _complete_decode(self, plan: IterationPlan) -> Outcome:
+        tokens: list[tuple[str, int]] = []
+        finished: list[str] = []
+        for piece in plan.pieces:
+            r = self._reqs.get(piece.request_id)
+            if r is None or r.phase is not Phase.RUNNING:  # aborted during the iteration
+                continue
+            tokens.append((piece.request_id, r.n_out))
+            r.n_out += 1
+            if r.growth:
+                self._growth -= 1
+                r.growth -= 1
+            if r.n_out >= r.req.stop_at:
+                finished.append(piece.request_id)
+        if finished:
+            for rid in finished:
+                self._running.remove(self._reqs[rid])
+                self._forget(self._reqs[rid])
+        return Outcome(tuple(tokens), (), tuple(finished))
+
+    def _preempt(self, r: _Req) -> None:
+        self._used -= r.kv
+        r.kv = 0
+        r.phase = Phase.WAITING
+        r.recompute = self.role == "decode"
+        self._waiting.appendleft(r)
+        self.preemptions += 1
+
+    # --- admission (decode and colocated roles) -------------------------------------------------------
+
+    def remaining(self, r: _Req) -> int:
+        """Predicted tokens still to produce (≥ 1), each one more KV slot; colocated: the token a pending
+        prefill produces takes no slot, so a request not decoding yet needs one fewer."""
+        total = predicted_total(r.req.predicted, r.req.max_tokens, self.policies.reserve_point)
+        left = total - r.n_out
+        if self.role == "colocated" and r.phase is not Phase.RUNNING:
+            left -= 1
+        return max(1, left)
+
+    def _waiting_context(self, r: _Req) -> int:
+        if self.role == "colocated":
+            return r.req.prompt_len + r.n_out  # its prefill: the prompt, plus output so far when recomputing
+        return r.req.prompt_len + r.n_out - 1  # decode: the prompt and the output tokens fed so far
+
+    def _candidates(self, room: int) -> list[_Req]:
+        if self.policies.decode_admission != "plan":
+            return list(itertools.islice(self._waiting, room))
+        planned = self._plan_set
+        by_id = {r.req.request_id: r for r in self._waiting}
+        preempted = [r for r in self._waiting if r.recompute and r.req.request_id not in planned]
+        rest = [r for r in self._waiting if not r.recompute and r.req.request_id not in planned]
+        in_plan: list[_Req] = []
+        for rid in self._plan_order:
+            r = by_id.get(rid)
+            if r is None:  # the plan waits for a planned id that has not arrived: candidates stop there
+                return [*preempted, *in_plan][:room]
+            in_plan.append(r)
+        return [*preempted, *in_plan, *rest][:room]
+
+    def _policy_admissions(self) -> list[_Req]:
+        """The waiting requests the decode-admission policy admits now, in order (still queued). Each also
+        fits in the next step's memory now. Only the candidates that could fit now are shown to the
+        policy (it stops at the first misfit), so the work is bounded by the batch, not the queue."""
+        active = len(self._prefilling) + len(self._loading) + len(self._running)
+        room = self.max_num_seqs - active
+        if room <= 0 or not self._waiting:
+            return []
+        step = self._used + len(self._running)  # the next step's memory with what runs now
+        fit: list[_Req] = []
+        for r in self._candidates(room):
+            step += self._waiting_context(r) + 1
+            if step > self.capacity:
+                break
+            fit.append(r)
+        if not fit:
+            return []
+        policy = self.policies.decode_admission
+        holding = itertools.chain(self._prefilling.values(), self._loading.values(), self._running)
+        ids = admit(
+            policy,
+            [Running(r.req.request_id, r.kv, self.remaining(r)) for r in holding],
+            [Waiting(r.req.request_id, self._waiting_context(r), self.remaining(r)) for r in fit],
+            self.capacity,
+            self.max_num_seqs,
+            [r.req.request_id for r in fit] if policy == "plan" else None,
+        )
+        chosen = {r.req.request_id: r for r in fit}
+        return [chosen[rid] for rid in ids]
+
+    def _take_waiting(self, r: _Req) -> None:
+        if self._waiting and self._waiting[0] is r:
+            self._waiting.popleft()
+        else:
+            self._waiting.remove(r)
+        self.admitted_by_policy += 1
+        self._unplan(r.req.request_id)
+
+    def _unplan(self, rid: str) -> None:
+        if rid in self._plan_set:
+            self._plan_set.discard(rid)
+            self._plan_order.remove(rid)
+
+    # --- bookkeeping -----------------------------------------------------------------------------------
+
+    def _set_growth(self, r: _Req) -> None:
+        """This request's share of the predicted growth dispatch reads (none without a prediction)."""
+        if self.role != "decode" or r.req.predicted is None:
+            return
+        new = max(0, predicted_total(r.req.predicted, r.req.max_tokens, self.policies.reserve_point) - r.n_out)
+        self._growth += new - r.growth
+        r.growth = new
+
+    def _forget(self, r: _Req) -> None:
+        """The request leaves this instance (finished, released, dropped): free its KV and counts."""
+        rid = r.req.request_id
+        if r.phase is Phase.HELD:
+            self._held -= 1
+            self._held_tokens -= r.kv
+        self._used -= r.kv
+        r.kv = 0
+        if self.role == "decode":
+            if r.heavy:
+                self._heavy -= 1
+            else:
+                self._light -= 1
+            self._growth -= r.growth
+            r.growth = 0
+        self._unplan(rid)
+        del self._reqs[rid]
+
+    def _prefill_time(self, pieces: Iterable[Piece]) -> float:
+        return self.cost.prefill_batch_time((p.tokens, p.start) for p in pieces)
