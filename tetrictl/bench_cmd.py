@@ -151,11 +151,12 @@ def print_ablations(a: dict[str, Any]) -> None:
     p = a["predictor"]
     table(
         f"ablation 2 — predictor × decode admission, {p['workload']} at {p['rate_rps']:.3g}/s, n = {p['n']}",
-        ["predictor", "admission", "avg JCT (s)", "p99 JCT (s)", "preemptions", "recomputed", "makespan (s)"],
+        ["predictor", "admission", "point", "avg JCT (s)", "p99 JCT (s)", "preemptions", "recomputed", "makespan (s)"],
         [
             (
                 r["predictor"],
                 r["admission"],
+                r["reserve_point"],
                 r["avg_jct_s"],
                 r["p99_jct_s"],
                 r["preemptions"],

@@ -19,6 +19,7 @@ import grpc
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
 from tetri.scheduling.dispatch import DecodeLoad, dispatch
+from tetri.scheduling.instance import HEAVY_DECODE
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import LengthPredictor, make_predictor
 
@@ -28,7 +29,6 @@ log = logging.getLogger(__name__)
 _DONE = object()
 
 
-HEAVY_DECODE = 128  # tokens: above this a request is a heavy decode (ShareGPT's median answer)
 ACCEPT_ATTEMPTS = 3  # decode instances tried before a hand-over fails
 
 
@@ -41,22 +41,9 @@ class DecodeView:
     updated: asyncio.Event = field(default_factory=asyncio.Event)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
-    def update(self, msg: pb.DecodeLoadBroadcast) -> None:
-        self.instances = {
-            d.instance_id: (
-                d.address,
-                DecodeLoad(
-                    d.instance_id,
-                    d.load.kv_used_tokens,
-                    d.load.kv_capacity_tokens,
-                    d.load.heavy,
-                    d.load.light,
-                    d.load.predicted_growth_tokens,
-                ),
-            )
-            for d in msg.instances
-            if d.load.state == "active"
-        }
+    def update(self, decodes: list[tuple[str, str, DecodeLoad]]) -> None:
+        """A new broadcast: (address, state, load) of each decode instance; only active ones are candidates."""
+        self.instances = {load.instance_id: (address, load) for address, state, load in decodes if state == "active"}
         self.sent_since.clear()
         self.updated.set()
         self.updated = asyncio.Event()
@@ -84,6 +71,25 @@ class DecodeView:
         return pick, self.instances[pick][0]
 
 
+def decode_loads(msg: pb.DecodeLoadBroadcast) -> list[tuple[str, str, DecodeLoad]]:
+    """The daemon's broadcast as `DecodeView.update` takes it (the edge: protobuf stops here)."""
+    return [
+        (
+            d.address,
+            d.load.state,
+            DecodeLoad(
+                d.instance_id,
+                d.load.kv_used_tokens,
+                d.load.kv_capacity_tokens,
+                d.load.heavy,
+                d.load.light,
+                d.load.predicted_growth_tokens,
+            ),
+        )
+        for d in msg.instances
+    ]
+
+
 @dataclass
 class _DecodeJob:
     req: EngineRequest
@@ -91,15 +97,6 @@ class _DecodeJob:
     task: asyncio.Task[None] | None = None
     produced: int = 1  # the first token came from the prefill instance
     kv_tokens: int = 0  # prompt tokens in the handed-over KV
-
-    def predicted_remaining(self) -> int:
-        lo = self.req.predicted_output[0] if self.req.predicted_output else self.req.max_tokens
-        return max(0, lo - self.produced)
-
-    @property
-    def heavy(self) -> bool:
-        lo = self.req.predicted_output[0] if self.req.predicted_output else self.req.max_tokens
-        return lo > HEAVY_DECODE
 
 
 async def _pump(source: AsyncIterator[int], queue: asyncio.Queue[object]) -> None:
@@ -176,7 +173,7 @@ class WorkerService(rpc.WorkerServicer):
     # --- policies (hot-swap) -------------------------------------------------------------------------
     def on_broadcast(self, msg: pb.DecodeLoadBroadcast) -> None:
         """The daemon's broadcast: decode load for the dispatcher, and the policies when they changed."""
-        self.decode_view.update(msg)
+        self.decode_view.update(decode_loads(msg))
         if msg.policy_version != self.policy_version and msg.policies_json:
             self.apply_policies(PolicySet(**json.loads(msg.policies_json)), msg.policy_version)
 
@@ -273,7 +270,9 @@ class WorkerService(rpc.WorkerServicer):
                     break
                 decode_id, address = target
                 try:
-                    reply = await self.peers.worker(address).Accept(accept, timeout=30)
+                    # Accept returns once the decode instance has taken the KV (its admission pulled it),
+                    # which may wait behind its queue: no deadline; cancelling this call drops it there.
+                    reply = await self.peers.worker(address).Accept(accept)
                 except grpc.aio.AioRpcError as e:
                     reply = pb.AcceptReply(
                         accepted=False, reason=f"decode instance {decode_id} unreachable: {e.code().name}"
@@ -331,19 +330,34 @@ class WorkerService(rpc.WorkerServicer):
             dict(request.kv.params),
         )
         job = _DecodeJob(req, asyncio.Queue(), kv_tokens=kv.num_tokens)
-        job.task = asyncio.create_task(self._decode(job, kv, request.first_token))
+        taken: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        job.task = asyncio.create_task(self._decode(job, kv, request.first_token, taken))
         self.jobs[req.request_id] = job
+        try:
+            error = await taken  # the engine took the KV (None) or could not (why)
+        except asyncio.CancelledError:  # the prefill side gave up on the hand-over: drop it here too
+            self.jobs.pop(req.request_id, None)
+            job.task.cancel()
+            await self.engine.abort(req.request_id)
+            raise
+        if error is not None:
+            self.jobs.pop(req.request_id, None)
+            return pb.AcceptReply(accepted=False, reason=error)
         return pb.AcceptReply(accepted=True)
 
-    async def _decode(self, job: _DecodeJob, kv: KVHandle, first_token: int) -> None:
+    async def _decode(self, job: _DecodeJob, kv: KVHandle, first_token: int, taken: asyncio.Future[str | None]) -> None:
         try:
             await self.engine.load_kv(job.req, kv)
         except EngineError as e:
+            if not taken.done():
+                taken.set_result(str(e))
             job.queue.put_nowait(e)
             return
         except asyncio.CancelledError:  # cancelled while the KV was still arriving: end the Attach stream
             job.queue.put_nowait(EngineError("aborted"))
             raise
+        if not taken.done():
+            taken.set_result(None)
         await _pump(self._counted(job, self.engine.decode(job.req, first_token)), job.queue)
 
     @staticmethod
@@ -463,9 +477,9 @@ class WorkerService(rpc.WorkerServicer):
             tokens_per_s=u.tokens_per_s,
             preemptions=u.preemptions,
             timestamp=now,
-            heavy=sum(1 for j in self.jobs.values() if j.heavy),
-            light=sum(1 for j in self.jobs.values() if not j.heavy),
-            predicted_growth_tokens=sum(j.predicted_remaining() for j in self.jobs.values()),
+            heavy=u.heavy,
+            light=u.light,
+            predicted_growth_tokens=u.predicted_growth_tokens,
             policy_version=self.policy_version,
         )
 

@@ -1,6 +1,7 @@
 """The gRPC services in one process: real grpc.aio servers on 127.0.0.1, real SimEngines (`tiny` profile
-on a ScaledClock), real channels. Covers daemon/cluster.py's ControlPlaneService and Cluster, and
-workers/service.py's WorkerService (prefill → decode hand-over, colocated, cancel, errors)."""
+on a ScaledClock), real channels. Covers daemon/grpc_edge.py's ControlPlaneService, daemon/cluster.py's
+Cluster, daemon/worker_client.py's WorkerClient and workers/service.py's WorkerService (prefill → decode
+hand-over, colocated, cancel, errors)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,16 @@ from typing import Any
 import grpc
 import pytest
 
-from daemon.cluster import Cluster, ControlPlaneService, Instance
+from daemon.cluster import Cluster, Instance, LoadReport
+from daemon.grpc_edge import ControlPlaneService
+from daemon.worker_client import Handoff, WorkerCallError, WorkerClient
+from tetri.clock import ScaledClock
 from tetri.costmodel import load_profile
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers, auth_metadata
-from workers.clock import ScaledClock
 from workers.control import ControlLink, RegistrationRefused
 from workers.engines.sim import SimEngine, sim_token
-from workers.service import DecodeView, WorkerService
+from workers.service import DecodeView, WorkerService, decode_loads
 
 PROFILE = load_profile("tiny")
 VOCAB = PROFILE.model.vocab_size
@@ -289,7 +292,7 @@ def test_report_load_answers_each_report_with_decode_load() -> None:
 
             # A prefill dispatcher's view of that broadcast.
             view = DecodeView()
-            view.update(second)
+            view.update(decode_loads(second))
             assert set(view.instances) == {"d1", "d2"}
             assert view.choose() == ("d1", "127.0.0.1:7002")  # d1: 100/4000 used, d2: 700/5000
 
@@ -322,7 +325,7 @@ def test_health_check_marks_unhealthy_and_a_report_revives() -> None:
 
             # Prefill dispatchers skip the unhealthy one.
             view = DecodeView()
-            view.update(msg)
+            view.update(decode_loads(msg))
             assert list(view.instances) == ["d1"]
 
     _run(scenario)
@@ -374,7 +377,7 @@ def test_prefill_decode_handoff_matches_colocated() -> None:
             _worker("decode", "d1") as d1,
             _worker("colocated", "c1") as c1,
         ):
-            p1.service.decode_view.update(_broadcast(d1))
+            p1.service.decode_view.update(decode_loads(_broadcast(d1)))
             prompt = _prompt(40)
             max_tokens = 24
 
@@ -412,6 +415,56 @@ def test_prefill_decode_handoff_matches_colocated() -> None:
     _run(scenario)
 
 
+def test_worker_client_answers_in_plain_data() -> None:
+    """daemon/worker_client.py, the daemon's calls to workers: plain chunks, replies and errors; leaving a
+    stream early cancels the call on the worker."""
+
+    async def scenario() -> None:
+        client = WorkerClient()
+        try:
+            async with (
+                _worker("prefill", "p1") as p1,
+                _worker("decode", "d1") as d1,
+                _worker("colocated", "c1", scale=1.0) as c1,  # 2,000 tokens: about 6 s of wall time
+            ):
+                p1.service.decode_view.update(decode_loads(_broadcast(d1)))
+                prompt = _prompt(30)
+                chunks = [c async for c in client.generate(p1.address, "w1", prompt, 12)]
+                assert [len(c.token_ids) for c in chunks] == [1, 0]
+                assert chunks[-1].handoff == Handoff("d1", d1.address)
+                rest = [c async for c in client.attach(d1.address, "w1")]
+                assert rest[-1].finished and rest[-1].finish_reason == "length"
+                tokens = [t for c in chunks + rest for t in c.token_ids]
+                assert tokens == [sim_token(prompt, i, VOCAB) for i in range(12)]
+
+                info = await client.info(d1.address, timeout=5)
+                assert (info.instance_id, info.role, info.load.state) == ("d1", "decode", "active")
+                assert isinstance(info.load, LoadReport) and info.load.kv_capacity_tokens == d1.engine.kv_capacity
+                assert not await client.cancel(d1.address, "nobody", timeout=5)
+                refused = await client.flip(c1.address, "decode", timeout=5)
+                assert not refused.ok and "colocated" in refused.reason
+                plan = await client.set_plan(p1.address, ["a", "b"], timeout=5)
+                assert not plan.ok and "prefill" in plan.reason
+
+                stream = client.generate(c1.address, "long", _prompt(10), 2000)
+                first = await stream.__anext__()
+                assert first.token_ids and not first.finished
+                await stream.aclose()
+                for _ in range(200):
+                    if not c1.service.generating and c1.engine.usage().running == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                assert c1.service.generating == {} and c1.engine.usage().running == 0
+
+            with pytest.raises(WorkerCallError) as exc:
+                await client.cancel(f"127.0.0.1:{_free_port()}", "x", timeout=2)
+            assert exc.value.code == "UNAVAILABLE"
+        finally:
+            await client.close()
+
+    _run(scenario)
+
+
 def test_concurrent_handoffs_spread_over_decode_instances() -> None:
     async def scenario() -> None:
         async with (
@@ -419,7 +472,7 @@ def test_concurrent_handoffs_spread_over_decode_instances() -> None:
             _worker("decode", "d1") as d1,
             _worker("decode", "d2") as d2,
         ):
-            p1.service.decode_view.update(_broadcast(d1, d2))
+            p1.service.decode_view.update(decode_loads(_broadcast(d1, d2)))
             decodes = {"d1": d1, "d2": d2}
 
             async def one(i: int) -> tuple[str, list[int], list[int]]:
@@ -450,7 +503,7 @@ def test_concurrent_handoffs_spread_over_decode_instances() -> None:
 def test_prefill_max_tokens_one_finishes_without_handoff() -> None:
     async def scenario() -> None:
         async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
-            p1.service.decode_view.update(_broadcast(d1))
+            p1.service.decode_view.update(decode_loads(_broadcast(d1)))
             prompt = _prompt(30)
             chunks = await _collect(p1.stub.Generate(_gen("one", prompt, 1)))
             assert len(chunks) == 1
@@ -471,7 +524,7 @@ def test_pinned_decode_instance_waits_for_the_next_broadcast() -> None:
             call = p1.stub.Generate(_gen("late", _prompt(20), 5, decode_instance_id="d1"))
             first = await call.read()
             assert len(first.token_ids) == 1
-            p1.service.decode_view.update(_broadcast(d1))  # the view catches up with registration
+            p1.service.decode_view.update(decode_loads(_broadcast(d1)))  # the view catches up with registration
             last = await call.read()
             assert last.handoff.decode_instance_id == "d1"
             assert await call.read() is grpc.aio.EOF
@@ -484,7 +537,7 @@ def test_pinned_decode_instance_waits_for_the_next_broadcast() -> None:
 def test_prefill_without_a_decode_instance_fails_cleanly() -> None:
     async def scenario() -> None:
         async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
-            p1.service.decode_view.update(_broadcast(d1, state="unhealthy"))
+            p1.service.decode_view.update(decode_loads(_broadcast(d1, state="unhealthy")))
             assert p1.service.decode_view.instances == {}  # non-active instances are not candidates
             chunks = await _collect(p1.stub.Generate(_gen("lonely", _prompt(20), 5)))
             assert len(chunks[0].token_ids) == 1
@@ -500,7 +553,7 @@ def test_handoff_refused_or_unreachable_is_an_error() -> None:
     async def scenario() -> None:
         async with _worker("prefill", "p1") as p1, _worker("colocated", "c1") as c1:
             # The view names an instance that is not a decode instance: Accept refuses.
-            p1.service.decode_view.update(_broadcast(c1))
+            p1.service.decode_view.update(decode_loads(_broadcast(c1)))
             chunks = await _collect(p1.stub.Generate(_gen("refused", _prompt(20), 5)))
             assert chunks[-1].finish_reason == "error"
             assert "colocated" in chunks[-1].error
@@ -512,7 +565,7 @@ def test_handoff_refused_or_unreachable_is_an_error() -> None:
                 address=f"127.0.0.1:{_free_port()}",
                 load=pb.LoadReport(instance_id="gone", role="decode", state="active", kv_capacity_tokens=4096),
             )
-            p1.service.decode_view.update(pb.DecodeLoadBroadcast(instances=[gone]))
+            p1.service.decode_view.update(decode_loads(pb.DecodeLoadBroadcast(instances=[gone])))
             chunks = await _collect(p1.stub.Generate(_gen("unreachable", _prompt(20), 5)))
             assert chunks[-1].finish_reason == "error"
             assert "gone" in chunks[-1].error
@@ -700,12 +753,12 @@ def test_prompt_longer_than_max_model_len_is_an_error() -> None:
             assert chunks[-1].finish_reason == "error"
             assert "max_model_len" in chunks[-1].error
 
-            # The decode side reports it on Attach.
-            assert (await d1.stub.Accept(_accept("big", too_long, 4))).accepted
+            # The decode side refuses the hand-over, saying why (the prefill side would try another).
+            reply = await d1.stub.Accept(_accept("big", too_long, 4))
+            assert not reply.accepted
+            assert "max_model_len" in reply.reason and "\n" not in reply.reason
             chunks = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="big")))
-            assert chunks[-1].finish_reason == "error"
-            assert "max_model_len" in chunks[-1].error
-            assert "\n" not in chunks[-1].error
+            assert chunks[-1].finish_reason == "error"  # nothing to attach to
 
             for node in (p1, c1, d1):
                 assert node.engine.usage().kv_used_tokens == 0

@@ -29,7 +29,7 @@ KV was freed plans again in a next round of the same instant.
   `flip_cost_s` it serves the other role. Requests already queued elsewhere are not migrated.
 
 Routing and dispatch read loads at decision time (as if load reports were instant). `check_kv=True`
-checks at every instant that each instance's used KV is the sum of its requests' and within capacity,
+checks after every event and every planning round that each instance's used KV is the sum of its requests' and within capacity,
 and that every request whose KV exists is charged to exactly one instance.
 """
 
@@ -345,9 +345,9 @@ class _Sim:
                 else:
                     assert isinstance(obj, _Instance)
                     self._flipped(obj)
+                if self.check_kv:
+                    self._check_kv()
             self._plan_round()
-            if self.check_kv:
-                self._check_kv()
         if self.done != len(self.reqs):
             raise RuntimeError(f"simulation ended with {len(self.reqs) - self.done} requests unfinished")
         return self._result()
@@ -366,6 +366,8 @@ class _Sim:
             for p, rid in releases:
                 p.sched.release(rid)
                 self._news(p)
+            if self.check_kv:
+                self._check_kv()
 
     def _news(self, inst: _Instance) -> None:
         """Have the instance plan once the current instant's events are all applied."""

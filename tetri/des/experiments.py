@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tetri.costmodel import CostModel, load_profile
+from tetri.scheduling.admission import RESERVE_POINTS
 from tetri.scheduling.policyset import PolicySet
 
 from .cluster import ClusterConfig, RunResult, simulate
@@ -227,7 +228,8 @@ def ablation_chunking(setup: BenchSetup, runner: Runner = des_runner) -> dict[st
 
 def ablation_predictor(setup: BenchSetup, runner: Runner = des_runner) -> dict[str, Any]:
     """(2) Predictor accuracy (exact / ideal 100% / 74.9% / none) × decode admission (greedy / reserve-static /
-    reserve-dynamic): JCT and preemptions on LPHD, where decode memory binds (light prompts, heavy
+    reserve-dynamic, each reserve policy at the lower, mid and upper point of the predicted bucket): JCT
+    and preemptions on LPHD, where decode memory binds (light prompts, heavy
     outputs). Rate: `setup.load` × TetriInfer's own saturated throughput (greedy admission), so the
     decode instances are busy but not swamped. "ideal" is the right 200-token bucket every time (its lower
     end still underestimates by up to 199 tokens); "exact" uses 1-token buckets (lower end = truth)."""
@@ -240,13 +242,17 @@ def ablation_predictor(setup: BenchSetup, runner: Runner = des_runner) -> dict[s
         ("74.9%", "oracle", PAPER_ACCURACY, 200),
         ("none", "none", 1.0, 200),
     )
+    cases = [("greedy", "lower")] + [(a, p) for a in ("reserve-static", "reserve-dynamic") for p in RESERVE_POINTS]
     for label, predictor, accuracy, granularity in predictors:
-        for admission in ("greedy", "reserve-static", "reserve-dynamic"):
+        for admission, point in cases:
+            if point != "lower" and (predictor == "none" or granularity == 1):
+                continue  # without a bucket (none, or 1-token buckets) every point is the same
             pol = TETRI_POLICY.changed(
                 predictor=predictor,
                 predictor_accuracy=accuracy,
                 predictor_granularity=granularity,
                 decode_admission=admission,
+                reserve_point=point,
             )
             res = runner(requests, tetri_config(setup, pol))
             m = summarize(res, setup.price)
@@ -255,6 +261,7 @@ def ablation_predictor(setup: BenchSetup, runner: Runner = des_runner) -> dict[s
                 {
                     "predictor": label,
                     "admission": admission,
+                    "reserve_point": point if admission != "greedy" else "-",
                     "avg_jct_s": m["avg_jct_s"],
                     "p99_jct_s": m["p99_jct_s"],
                     "preemptions": m["preemptions"],

@@ -144,10 +144,10 @@ class _Req:
         self.growth = 0  # this request's part of the instance's predicted growth
 
 
-def is_heavy(req: SchedRequest) -> bool:
+def is_heavy(predicted: tuple[int, int] | None) -> bool:
     """Dispatch's heavy/light split (TetriInfer §3.3.4): predicted lower end above HEAVY_DECODE; a
     request without a prediction is light (nothing is known about it)."""
-    return req.predicted is not None and req.predicted[0] > HEAVY_DECODE
+    return predicted is not None and predicted[0] > HEAVY_DECODE
 
 
 class InstanceScheduler:
@@ -217,7 +217,7 @@ class InstanceScheduler:
         self._reqs[req.request_id] = r
         self._waiting.append(r)
         if self.role == "decode":
-            r.heavy = is_heavy(req)
+            r.heavy = is_heavy(req.predicted)
             if r.heavy:
                 self._heavy += 1
             else:

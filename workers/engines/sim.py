@@ -132,6 +132,7 @@ class SimEngine(Engine):
         self.tokens_emitted = 0  # output tokens produced (prefill role: first tokens)
         self.busy_time = 0.0  # model seconds spent in iterations
         self.on_iteration: Callable[[IterationStats], None] | None = None
+        self.on_plan: Callable[[float, IterationPlan], None] | None = None  # every plan, with its model time
 
     # --- what the scheduler counts ---------------------------------------------------------------
 
@@ -382,6 +383,8 @@ class SimEngine(Engine):
                 await self._clock.sleep(0)  # let every event of this instant in before planning
                 plan = self.sched.schedule()
                 if plan is not None:
+                    if self.on_plan is not None:
+                        self.on_plan(self._clock.now(), plan)
                     for rid in plan.pulled:
                         self._pulled(rid)
                 if plan is None or not plan.pieces:

@@ -7,9 +7,9 @@
 * decode role: ``load_kv`` checks the KV is there (ExampleConnector: the producer's folder, waiting up
   to ``kv_wait_s``; a missing one is an `EngineError` or a recompute, per ``on_missing_kv``);
   ``decode`` waits for our admission policy (`tetri.scheduling.admission.admit` over this engine's KV
-  capacity, blocks × block size) and then continues ``prompt + [first token]`` with the connector as
-  consumer, streaming tokens. vLLM reports how many prompt tokens came from the connector
-  (``num_cached_tokens``, prefix caching off): `kv_loaded`.
+  capacity, blocks × block size; the instance scheduler's "remaining" rule), then continues
+  ``prompt + [first token]`` with the connector as consumer, streaming tokens. vLLM reports how many
+  prompt tokens came from the connector (``num_cached_tokens``, prefix caching off): `kv_loaded`.
 * colocated role: vLLM as is (the vanilla baseline): one engine, both phases, its own scheduler.
 
 ChunkSize is vLLM's ``max_num_batched_tokens`` (chunked prefill on), fixed when the engine starts.
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tetri.scheduling.admission import Running, Waiting, admit
+from tetri.scheduling.admission import Running, Waiting, admit, predicted_total, remaining
+from tetri.scheduling.instance import is_heavy
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import FixedBatchPrefill, PrefillItem
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
@@ -102,7 +103,6 @@ class _Stats:
 @dataclass
 class _Decode:
     req: EngineRequest
-    context: int
     produced: int = 0
     admitted: asyncio.Event | None = None
 
@@ -312,7 +312,7 @@ class VllmEngine(Engine):
 
     async def decode(self, req: EngineRequest, first_token: int) -> AsyncIterator[int]:
         self._check_role("decode", "decode")
-        d = _Decode(req, req.prompt_len + 1, admitted=asyncio.Event())
+        d = _Decode(req, admitted=asyncio.Event())
         self._decodes[req.request_id] = d
         self._decode_waiting.append(req.request_id)
         self._admit_decodes()
@@ -354,18 +354,22 @@ class VllmEngine(Engine):
         return rid in self._decode_waiting
 
     def _admit_decodes(self) -> None:
+        """Our decode admission in front of vLLM: the same policy call and the same "remaining" rule as
+        the instance scheduler (`tetri.scheduling.admission`), over this engine's KV capacity. A request
+        holds its prompt and the tokens fed so far (the prefill's first token is fed by the first step)."""
         if self.role != "decode" or not self._decode_waiting:
             return
+        point = self.policies.reserve_point
         running = [
-            Running(rid, d.context + d.produced, max(1, self._predicted(d) - d.produced))
+            Running(rid, d.req.prompt_len + d.produced, self._remaining(d, point))
             for rid, d in self._decodes.items()
             if rid not in self._decode_waiting
         ]
         waiting = [
-            Waiting(rid, self._decodes[rid].context, self._predicted(self._decodes[rid]))
+            Waiting(rid, self._decodes[rid].req.prompt_len, self._remaining(self._decodes[rid], point))
             for rid in self._decode_waiting
         ]
-        policy = self.policies.decode_admission if self.policies else "greedy"
+        policy = self.policies.decode_admission
         cap = self.kv_capacity or (1 << 30)
         chosen = admit(policy, running, waiting, cap, self.options.max_num_seqs, plan_order=self._plan)
         for rid in chosen:
@@ -377,9 +381,8 @@ class VllmEngine(Engine):
                 ev.set()
 
     @staticmethod
-    def _predicted(d: _Decode) -> int:
-        lo = d.req.predicted_output[0] if d.req.predicted_output else d.req.max_tokens
-        return max(1, min(lo, d.req.max_tokens))
+    def _remaining(d: _Decode, point: str) -> int:
+        return remaining(d.req.predicted_output, d.req.max_tokens, 1 + d.produced, point)
 
     def _drop_empty_prefix(self) -> None:
         """Remove ExampleConnector's folder for the empty prefix (a prompt within one block stores it, with
@@ -435,6 +438,13 @@ class VllmEngine(Engine):
             self._recent.popleft()
         tps = sum(n for _, n in self._recent) / TOKENS_PER_S_WINDOW_S
         queued = len(self._prefill_waiters) - len(self._prefill_inflight) + len(self._decode_waiting)
+        heavy = sum(1 for d in self._decodes.values() if is_heavy(d.req.predicted_output))
+        point = self.policies.reserve_point
+        growth = sum(
+            max(0, predicted_total(d.req.predicted_output, d.req.max_tokens, point) - 1 - d.produced)
+            for d in self._decodes.values()
+            if d.req.predicted_output is not None
+        )
         return EngineUsage(
             kv_capacity_tokens=self.kv_capacity,
             kv_used_tokens=round(self._stats.kv_cache_usage * self.kv_capacity),
@@ -442,6 +452,9 @@ class VllmEngine(Engine):
             waiting=max(0, queued),
             tokens_per_s=tps,
             preemptions=self._stats.preemptions,
+            heavy=heavy,
+            light=len(self._decodes) - heavy,
+            predicted_growth_tokens=growth,
         )
 
     # --- helpers -----------------------------------------------------------------------------------------
