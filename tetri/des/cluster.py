@@ -29,8 +29,8 @@ KV was freed plans again in a next round of the same instant.
   `flip_cost_s` it serves the other role. Requests already queued elsewhere are not migrated.
 
 Routing and dispatch read loads at decision time (as if load reports were instant). `check_kv=True`
-checks after every event and every planning round that each instance's used KV is the sum of its requests' and within capacity,
-and that every request whose KV exists is charged to exactly one instance.
+checks after every event and every planning round that each instance's used KV is the sum of its
+requests' and within capacity, and that every request whose KV exists is charged to exactly one instance.
 """
 
 from __future__ import annotations
