@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tetri.scheduling.admission import ADMISSION_POLICIES
+from tetri.scheduling.admission import ADMISSION_POLICIES, RESERVE_POINTS
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
 from tetri.scheduling.predictor import PREDICTORS
 from tetri.scheduling.prefill import PREFILL_POLICIES
@@ -50,6 +50,12 @@ def set_(
     decode: Annotated[
         str | None, typer.Option("--decode", help=f"Decode admission: {_choices(ADMISSION_POLICIES)}.")
     ] = None,
+    reserve_point: Annotated[
+        str | None,
+        typer.Option(
+            "--reserve-point", help=f"Point of a predicted bucket reserve policies count: {_choices(RESERVE_POINTS)}."
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -66,10 +72,14 @@ def set_(
         "predictor_granularity": granularity,
         "dispatch": dispatch,
         "decode_admission": decode,
+        "reserve_point": reserve_point,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:
-        fail("nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode …")
+        fail(
+            "nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode"
+            " --reserve-point …"
+        )
 
     async def body(c: TetriClient) -> dict[str, Any]:
         return await c.set_policies(changes)

@@ -10,7 +10,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown, Select
 
-from tetri.scheduling.admission import ADMISSION_POLICIES
+from tetri.scheduling.admission import ADMISSION_POLICIES, RESERVE_POINTS
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
 from tetri.scheduling.flip import FLIP_POLICIES
 from tetri.scheduling.predictor import PREDICTORS
@@ -21,6 +21,7 @@ SELECTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "predictor": ("length predictor", PREDICTORS),
     "dispatch": ("dispatch", DISPATCH_POLICIES),
     "decode_admission": ("decode admission", ADMISSION_POLICIES),
+    "reserve_point": ("reserve point", RESERVE_POINTS),
     "flip_policy": ("flip policy", FLIP_POLICIES),
 }
 NUMBERS: dict[str, str] = {"prefill_sched_batch": "PrefillSchedBatch", "chunk_size": "ChunkSize (tokens)"}
