@@ -47,6 +47,7 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> None:
                 "url": f"http://{host}:{port}",
                 "grpc": f"{settings.grpc_host}:{app.state.grpc_port}",
                 "recovered_interrupted": app.state.recovered,
+                "time_scale": settings.time_scale,
             }
         ),
         flush=True,
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db-url")
     ap.add_argument("--token")
     ap.add_argument("--model")
+    ap.add_argument("--time-scale", type=float, help="The cluster clock: model seconds per wall second.")
     ap.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
     a = ap.parse_args(argv)
     try:
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             db_url=a.db_url,
             token=a.token,
             model=a.model,
+            time_scale=a.time_scale,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -48,6 +48,7 @@ def test_daemon_defaults() -> None:
     assert s.report_interval_s == 0.1
     assert s.unhealthy_after == 5
     assert s.load_sample_every == 10
+    assert s.time_scale == 1.0
     assert not s.needs_token()
 
 
@@ -86,6 +87,7 @@ model = "opt-13b"
 state_dir = "/var/lib/tetri"
 api_keys = ["k1", "k2"]
 report_interval_s = 0.25
+time_scale = 50.0
 
 [worker]
 role = "decode"
@@ -99,6 +101,7 @@ daemon = "10.0.0.5:9002"
     assert d.state_dir == Path("/var/lib/tetri")
     assert d.api_keys == ["k1", "k2"]
     assert d.report_interval_s == 0.25
+    assert d.time_scale == 50.0
     assert d.host == "127.0.0.1"  # not in the file: default
     w = load_worker_settings(path)
     assert (w.role, w.profile, w.time_scale, w.daemon) == ("decode", "tiny", 50.0, "10.0.0.5:9002")
@@ -198,6 +201,8 @@ def test_bad_value_from_env_and_override(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv("TETRI_DAEMON_PORT")
     with pytest.raises(ConfigError, match="time_scale"):
         load_worker_settings(time_scale=0)
+    with pytest.raises(ConfigError, match=r"\[daemon\] time_scale"):
+        load_daemon_settings(time_scale=-1)
 
 
 def test_missing_file(tmp_path: Path) -> None:

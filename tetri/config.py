@@ -49,6 +49,9 @@ class DaemonSettings(BaseSettings):
     predictor_retrain_s: float = Field(
         60.0, gt=0, description="Retrain the learned length predictor this often (when it is selected)."
     )
+    time_scale: float = Field(
+        1.0, gt=0, description="The cluster clock: model seconds per wall second (the sim workers' time_scale)."
+    )
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.state_dir / 'tetri.db').as_posix()}"

@@ -40,6 +40,9 @@ def daemon_start(
     state_dir: Annotated[Path | None, typer.Option(help="Directory of the SQLite status tables.")] = None,
     db_url: Annotated[str | None, typer.Option(help="Any SQLAlchemy URL instead of the state dir.")] = None,
     token: Annotated[str | None, typer.Option(help="Bearer token (required off loopback).")] = None,
+    time_scale: Annotated[
+        float | None, typer.Option(help="The cluster clock: model seconds per wall second (the sim workers').")
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Run the daemon in the foreground (prints a JSON ready line)."""
@@ -51,6 +54,7 @@ def daemon_start(
         ("--state-dir", state_dir),
         ("--db-url", db_url),
         ("--token", token),
+        ("--time-scale", time_scale),
         ("--config", config),
     ):
         _opt(args, flag, v)
@@ -116,7 +120,9 @@ def up(
     decode: Annotated[int, typer.Option(help="Decode instances (disaggregated).")] = 1,
     colocated: Annotated[int, typer.Option(help="Colocated instances (colocated mode).")] = 2,
     profile: Annotated[str, typer.Option(help="Sim engine profile.")] = "opt-13b-v100",
-    time_scale: Annotated[float, typer.Option(help="Sim: model seconds per wall second.")] = 1.0,
+    time_scale: Annotated[
+        float, typer.Option(help="Sim: model seconds per wall second (the workers' and the daemon's clock).")
+    ] = 1.0,
     port: Annotated[int, typer.Option(help="Daemon HTTP port (0 = any free port).")] = 8000,
     grpc_port: Annotated[int, typer.Option(help="Daemon gRPC port (0 = any free port).")] = 50051,
     state_dir: Annotated[Path, typer.Option(help="Directory of the SQLite status tables.")] = Path("state"),

@@ -107,8 +107,10 @@ def start_local_cluster(
     grpc_port: int = 0,
     config: Path | None = None,
 ) -> LocalCluster:
-    """Start the daemon, then one worker per role, each waited for; on failure nothing is left running."""
+    """Start the daemon, then one worker per role, each waited for; on failure nothing is left running.
+    Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md)."""
     dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
+    dargs += ["--time-scale", str(time_scale)]
     if config is not None:
         dargs += ["--config", str(config)]
     procs = [spawn("daemon.main", dargs)]

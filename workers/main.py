@@ -16,11 +16,11 @@ from pathlib import Path
 
 import grpc
 
+from tetri.clock import ScaledClock
 from tetri.config import WorkerSettings
 from tetri.proto import rpc
 from tetri.proto.peers import Peers
 
-from .clock import ScaledClock
 from .control import ControlLink, RegistrationRefused
 from .engines.base import Engine
 from .service import WorkerService

@@ -56,6 +56,7 @@ def start_cluster(
     host: str = "127.0.0.1",
 ) -> LiveCluster:
     args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state_dir), "--mode", mode, "--host", host]
+    args += ["--time-scale", str(time_scale)]  # one cluster clock: the daemon runs the workers' scale
     if token:
         args += ["--token", token]
     daemon = spawn("daemon.main", args)

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 def test_daemon_and_workers_started_separately(tmp_path: Path):
     cfg = tmp_path / "tetri.toml"
     cfg.write_text(
-        '[daemon]\napi_keys = ["k1"]\nreport_interval_s = 0.05\n\n[worker]\nprofile = "tiny"\ntime_scale = 50\n'
+        '[daemon]\napi_keys = ["k1"]\nreport_interval_s = 0.05\ntime_scale = 50\n\n'
+        '[worker]\nprofile = "tiny"\ntime_scale = 50\n'
     )
     procs: list[subprocess.Popen[str]] = []
     try:
@@ -42,6 +43,7 @@ def test_daemon_and_workers_started_separately(tmp_path: Path):
             )
         )
         ready = wait_ready(procs[0], "daemon")
+        assert ready["time_scale"] == 50  # one cluster clock: the daemon runs the workers' scale
         for role in ("prefill", "decode"):
             procs.append(
                 spawn(
