@@ -15,22 +15,21 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import grpc
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tetri.config import DaemonSettings
-from tetri.proto import rpc
 
 from .api import admin, openai
 from .api.schemas import error_body
-from .cluster import Cluster, ControlPlaneService, Instance
+from .cluster import Cluster, Instance
 from .db.store import Store, make_engine, migrate
 from .db.writer import BatchWriter
 from .flips import Flipper
 from .gateway import Gateway, new_request_id
+from .grpc_edge import start_control_plane
 from .metrics import Metrics
 from .predictor_service import PredictorService
 
@@ -52,15 +51,14 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         metrics.watch_predictor(predictor)
 
         def on_register(inst: Instance) -> None:
-            _record_instance(store, inst)
+            _record_instance(store, inst, time.time())
 
-        server = grpc.aio.server()
-        rpc.add_ControlPlaneServicer_to_server(ControlPlaneService(cluster, settings.token, on_register), server)
-        grpc_port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
-        await server.start()
+        server, grpc_port = await start_control_plane(
+            cluster, settings.grpc_host, settings.grpc_port, settings.token, on_register
+        )
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
         app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, grpc_port, recovered
-        flipper = Flipper(cluster, gateway.peers, store)
+        flipper = Flipper(cluster, gateway.workers, store)
         app.state.flipper = flipper
         monitor = asyncio.create_task(cluster.monitor())
         watcher = asyncio.create_task(flipper.watch(max(1.0, settings.report_interval_s * 10)))
@@ -92,7 +90,7 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         phases: dict[str, int] = {}
         for fl in gw.inflight.values():
             phases[fl.phase.value] = phases.get(fl.phase.value, 0) + 1
-        return [i.to_dict() for i in gw.cluster.instances.values()], phases
+        return gw.cluster.instance_dicts(), phases
 
     metrics = Metrics(metrics_source)
     app.state.metrics = metrics
@@ -139,7 +137,7 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
     return app
 
 
-def _record_instance(store: Store, inst: Instance) -> None:
+def _record_instance(store: Store, inst: Instance, registered_ts: float) -> None:
     """Instance registration is rare: write it straight through, in a thread (off the request path);
     a failure is logged, the in-memory registry stays authoritative."""
 
@@ -151,7 +149,7 @@ def _record_instance(store: Store, inst: Instance) -> None:
             address=inst.address,
             model=inst.model,
             kv_capacity_tokens=inst.kv_capacity_tokens,
-            registered_ts=time.time(),
+            registered_ts=registered_ts,
         )
 
     def done(fut: asyncio.Future[None]) -> None:

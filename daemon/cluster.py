@@ -1,29 +1,84 @@
 """The cluster monitor (TetriInfer §3.2): instance registry, load reports, health, decode-load
-broadcast; served to workers as the ControlPlane gRPC service.
+broadcast.
 
-Workers stream a LoadReport every report interval; each report is answered with the current decode
+Workers stream a load report every report interval; each report is answered with the current decode
 load (what prefill dispatchers choose from). An instance that misses `unhealthy_after` intervals is
-marked unhealthy and gets no new work until it reports again.
+marked unhealthy and gets no new work until it reports again. Everything here is plain data: the
+ControlPlane gRPC service (`daemon.grpc_edge`) converts the wire messages to and from these classes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import grpc
-
-from tetri.proto import pb, rpc
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.routing import InstanceLoad
 
 from .db.writer import BatchWriter
 
 log = logging.getLogger(__name__)
+
+ROLES = ("prefill", "decode", "colocated")
+
+
+@dataclass
+class LoadReport:
+    """One worker's load, as it last reported it (or as the daemon broadcasts it)."""
+
+    instance_id: str = ""
+    role: str = ""
+    state: str = ""  # "active" | "draining" | "flipping" (the worker's word; "unhealthy" in broadcasts)
+    queued: int = 0
+    running: int = 0
+    kv_used_tokens: int = 0
+    kv_capacity_tokens: int = 0
+    tokens_per_s: float = 0.0
+    preemptions: int = 0
+    timestamp: float = 0.0  # the worker's clock
+    heavy: int = 0
+    light: int = 0
+    predicted_growth_tokens: int = 0
+    policy_version: int = 0
+
+
+@dataclass(frozen=True)
+class Registration:
+    instance_id: str
+    role: str
+    address: str  # host:port of its Worker service
+    model: str
+    max_model_len: int
+    kv_capacity_tokens: int
+
+    def refusal(self) -> str | None:
+        """Why the daemon refuses this registration (None: it accepts it)."""
+        if self.role not in ROLES:
+            return f"unknown role {self.role!r}"
+        if not self.instance_id or not self.address:
+            return "instance_id and address are required"
+        return None
+
+
+@dataclass(frozen=True)
+class DecodeInstanceLoad:
+    instance_id: str
+    address: str
+    load: LoadReport
+
+
+@dataclass(frozen=True)
+class DecodeBroadcast:
+    """The daemon's answer to each load report: decode load, and the runtime policies with their version."""
+
+    instances: list[DecodeInstanceLoad]
+    timestamp: float
+    policies_json: str
+    policy_version: int
 
 
 @dataclass
@@ -36,7 +91,7 @@ class Instance:
     kv_capacity_tokens: int
     state: str = "active"  # active | draining | flipping | unhealthy
     last_report: float = 0.0  # wall clock (time.time) of the last report
-    load: pb.LoadReport = field(default_factory=pb.LoadReport)
+    load: LoadReport = field(default_factory=LoadReport)
     inflight: int = 0  # requests routed here by the daemon and not finished
     reports: int = 0
     flip_pending: bool = False  # the daemon started a flip: stay out of routing whatever reports say
@@ -56,7 +111,8 @@ class Instance:
         cap = self.load.kv_capacity_tokens or self.kv_capacity_tokens
         return self.load.kv_used_tokens / cap if cap else 0.0
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self, now: float) -> dict[str, object]:
+        """The instance as the admin API shows it; `now`: time.time()."""
         ld = self.load
         cap = ld.kv_capacity_tokens or self.kv_capacity_tokens
         return {
@@ -75,7 +131,7 @@ class Instance:
             "tokens_per_s": ld.tokens_per_s,
             "preemptions": ld.preemptions,
             "policy_version": ld.policy_version,
-            "last_report_age_s": max(0.0, time.time() - self.last_report),
+            "last_report_age_s": max(0.0, now - self.last_report),
         }
 
 
@@ -95,24 +151,28 @@ class Cluster:
         self.policies = PolicySet()
         self.policy_version = 0
 
+    def instance_dicts(self) -> list[dict[str, object]]:
+        now = time.time()
+        return [i.to_dict(now) for i in self.instances.values()]
+
     # --- registry ---------------------------------------------------------------------------------
-    def register(self, req: pb.RegisterRequest) -> Instance:
+    def register(self, reg: Registration) -> Instance:
         inst = Instance(
-            req.instance_id,
-            req.role,
-            req.address,
-            req.model,
-            req.max_model_len,
-            req.kv_capacity_tokens,
+            reg.instance_id,
+            reg.role,
+            reg.address,
+            reg.model,
+            reg.max_model_len,
+            reg.kv_capacity_tokens,
             last_report=time.time(),
         )
-        old = self.instances.get(req.instance_id)
+        old = self.instances.get(reg.instance_id)
         if old is not None:
             inst.inflight = old.inflight
         self.instances[inst.id] = inst
         return inst
 
-    def report(self, msg: pb.LoadReport) -> None:
+    def report(self, msg: LoadReport) -> None:
         inst = self.instances.get(msg.instance_id)
         if inst is None:
             return
@@ -154,10 +214,10 @@ class Cluster:
     def healthy(self, *roles: str) -> list[Instance]:
         return [i for i in self.instances.values() if i.role in roles and i.state == "active"]
 
-    def decode_broadcast(self) -> pb.DecodeLoadBroadcast:
-        return pb.DecodeLoadBroadcast(
+    def decode_broadcast(self) -> DecodeBroadcast:
+        return DecodeBroadcast(
             instances=[
-                pb.DecodeInstanceLoad(instance_id=i.id, address=i.address, load=self._broadcast_load(i))
+                DecodeInstanceLoad(i.id, i.address, self._broadcast_load(i))
                 for i in self.instances.values()
                 if i.role == "decode"
             ],
@@ -171,51 +231,12 @@ class Cluster:
         self.policy_version += 1
 
     @staticmethod
-    def _broadcast_load(i: Instance) -> pb.LoadReport:
-        ld = pb.LoadReport()
-        ld.CopyFrom(i.load)
-        ld.state = i.state
-        if not ld.kv_capacity_tokens:
-            ld.kv_capacity_tokens = i.kv_capacity_tokens
-        return ld
+    def _broadcast_load(i: Instance) -> LoadReport:
+        return dataclasses.replace(
+            i.load, state=i.state, kv_capacity_tokens=i.load.kv_capacity_tokens or i.kv_capacity_tokens
+        )
 
     async def monitor(self) -> None:
         while True:
             await asyncio.sleep(self.report_interval_s)
             self.check_health()
-
-
-class ControlPlaneService(rpc.ControlPlaneServicer):
-    """Registration and load reporting. Off loopback the daemon has a token; a worker presenting another
-    (or none) is refused with UNAUTHENTICATED."""
-
-    def __init__(self, cluster: Cluster, token: str | None, on_register: Callable[[Instance], None]) -> None:
-        self.cluster = cluster
-        self.token = token
-        self.on_register = on_register
-
-    def _authorised(self, context: grpc.aio.ServicerContext) -> bool:
-        if not self.token:
-            return True
-        md = dict(context.invocation_metadata() or ())
-        return md.get("authorization") == f"Bearer {self.token}"
-
-    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReply:
-        if not self._authorised(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "registration refused: bad or missing token")
-        if request.role not in ("prefill", "decode", "colocated"):
-            return pb.RegisterReply(accepted=False, reason=f"unknown role {request.role!r}")
-        if not request.instance_id or not request.address:
-            return pb.RegisterReply(accepted=False, reason="instance_id and address are required")
-        inst = self.cluster.register(request)
-        self.on_register(inst)
-        return pb.RegisterReply(accepted=True, report_interval_s=self.cluster.report_interval_s)
-
-    async def ReportLoad(
-        self, request_iterator: AsyncIterator[pb.LoadReport], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.DecodeLoadBroadcast]:
-        if not self._authorised(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing token")
-        async for report in request_iterator:
-            self.cluster.report(report)
-            yield self.cluster.decode_broadcast()

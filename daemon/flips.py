@@ -16,14 +16,11 @@ import logging
 import time
 from typing import Any
 
-import grpc
-
-from tetri.proto import pb
-from tetri.proto.peers import Peers
 from tetri.scheduling.flip import InstanceView, TransitionWatcher
 
 from .cluster import Cluster, Instance
 from .db.store import Store
+from .worker_client import WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +32,9 @@ class FlipError(Exception):
 
 
 class Flipper:
-    def __init__(self, cluster: Cluster, peers: Peers, store: Store) -> None:
+    def __init__(self, cluster: Cluster, workers: WorkerClient, store: Store) -> None:
         self.cluster = cluster
-        self.peers = peers
+        self.workers = workers
         self.store = store
         self.tasks: set[asyncio.Task[None]] = set()
         self.watcher = TransitionWatcher()
@@ -84,7 +81,7 @@ class Flipper:
     async def _run(self, flip_id: int, inst: Instance, to: str) -> None:
         outcome, drained = "failed", None
         try:
-            reply = await self.peers.worker(inst.address).Flip(pb.FlipRequest(to_role=to), timeout=600)
+            reply = await self.workers.flip(inst.address, to, timeout=600)
             if reply.ok:
                 drained = time.time()
                 inst.role = to
@@ -92,9 +89,9 @@ class Flipper:
             else:
                 log.warning("flip of %s refused by the worker: %s", inst.id, reply.reason)
                 outcome = f"refused: {reply.reason}"[:32]
-        except grpc.aio.AioRpcError as e:
-            log.warning("flip of %s failed: %s", inst.id, e.code().name)
-            outcome = f"failed: {e.code().name}"[:32]
+        except WorkerCallError as e:
+            log.warning("flip of %s failed: %s", inst.id, e.code)
+            outcome = f"failed: {e.code}"[:32]
         finally:
             inst.flip_pending = False
             inst.state = "active" if outcome == "done" or inst.state != "unhealthy" else inst.state

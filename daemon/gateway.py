@@ -4,7 +4,7 @@ it in the status table (batched, off the streaming path).
 
 A request's stream yields `Tokens` events and ends with one `Finished` event; failures end it with
 `Failed` (the worker died, no instance, …). Cancellation: `cancel(id)` asks the worker serving it to
-abort; a client that disconnects cancels its gRPC calls.
+abort; a client that disconnects cancels its calls to the workers (`daemon.worker_client`).
 """
 
 from __future__ import annotations
@@ -14,13 +14,9 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
-import grpc
-
-from tetri.proto import pb
-from tetri.proto.peers import Peers
 from tetri.scheduling.routing import least_loaded
 
 from .cluster import Cluster, Instance
@@ -28,6 +24,7 @@ from .db.models import Phase, Status
 from .db.writer import BatchWriter
 from .metrics import Metrics
 from .predictor_service import PROMPT_SAMPLE, PredictorService
+from .worker_client import Handoff, TokenChunk, WorkerCallError, WorkerClient
 
 
 @dataclass
@@ -87,7 +84,7 @@ class Gateway:
         self.writer = writer
         self.metrics = metrics
         self.model = model
-        self.peers = Peers()
+        self.workers = WorkerClient()
         self.inflight: dict[str, Inflight] = {}
 
     # --- routing -----------------------------------------------------------------------------------
@@ -234,18 +231,10 @@ class Gateway:
         self._serve_on(fl, entry)
         fl.prefill_instance = entry.id
         self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=time.time())
-        lo, hi = fl.predicted or (0, 0)
-        req = pb.GenerateRequest(
-            request_id=fl.id,
-            prompt_token_ids=prompt_ids,
-            max_tokens=fl.max_tokens,
-            predicted_lo=lo,
-            predicted_hi=hi,
-            decode_instance_id=pin or "",
-        )
-        handoff: pb.Handoff | None = None
-        async for ev in self._stream(fl, entry.id, self.peers.worker(entry.address).Generate(req)):
-            if isinstance(ev, pb.Handoff):
+        stream = self.workers.generate(entry.address, fl.id, prompt_ids, fl.max_tokens, fl.predicted, pin or "")
+        handoff: Handoff | None = None
+        async for ev in self._stream(fl, entry.id, stream):
+            if isinstance(ev, Handoff):
                 handoff = ev
                 break
             yield ev
@@ -262,9 +251,9 @@ class Gateway:
         else:
             self._release(fl)
             fl.serving = (handoff.decode_instance_id, handoff.decode_address)
-        call = self.peers.worker(handoff.decode_address).Attach(pb.AttachRequest(request_id=fl.id))
+        call = self.workers.attach(handoff.decode_address, fl.id)
         async for ev in self._stream(fl, handoff.decode_instance_id, call):
-            if isinstance(ev, pb.Handoff):
+            if isinstance(ev, Handoff):
                 yield Failed("decode instance tried to hand over again")
                 return
             yield ev
@@ -272,8 +261,8 @@ class Gateway:
                 return
 
     async def _stream(
-        self, fl: Inflight, name: str, call: grpc.aio.UnaryStreamCall
-    ) -> AsyncIterator[Tokens | Finished | Failed | pb.Handoff]:
+        self, fl: Inflight, name: str, call: AsyncGenerator[TokenChunk, None]
+    ) -> AsyncIterator[Tokens | Finished | Failed | Handoff]:
         """Follow one worker stream (`name`: the instance serving it) until it ends or hands over."""
         last = time.time()
         try:
@@ -294,8 +283,8 @@ class Gateway:
                     fl.produced += n
                     self.metrics.tokens.inc(n)
                     last = now
-                    yield Tokens(list(chunk.token_ids))
-                if chunk.HasField("handoff"):
+                    yield Tokens(chunk.token_ids)
+                if chunk.handoff is not None:
                     yield chunk.handoff
                     return
                 if chunk.finished:
@@ -308,14 +297,14 @@ class Gateway:
                     else:
                         yield Finished(chunk.finish_reason or "length", fl.produced)
                     return
-        except grpc.aio.AioRpcError as e:
+        except WorkerCallError as e:
             if fl.cancelled:
                 yield Finished("cancelled", fl.produced)
             else:
-                yield Failed(f"instance {name} failed mid-request: {e.code().name}")
+                yield Failed(f"instance {name} failed mid-request: {e.code}")
             return
         finally:
-            call.cancel()
+            await call.aclose()  # closing the stream cancels the call on the worker
         yield Failed(f"instance {name} closed the stream early")
 
     async def cancel(self, rid: str) -> bool:
@@ -325,9 +314,9 @@ class Gateway:
             return False
         fl.cancelled = True
         if fl.serving is not None:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await self.peers.worker(fl.serving[1]).Cancel(pb.CancelRequest(request_id=rid), timeout=5)
+            with contextlib.suppress(WorkerCallError):
+                await self.workers.cancel(fl.serving[1], rid, timeout=5)
         return True
 
     async def close(self) -> None:
-        await self.peers.close()
+        await self.workers.close()

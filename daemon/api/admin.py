@@ -15,7 +15,6 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 
 from tetri.planner.planfile import parse_plan
 from tetri.planner.workload import WorkloadError
-from tetri.proto import pb
 from tetri.scheduling.policyset import PolicyError
 
 from ..db.models import Phase, Status
@@ -35,7 +34,7 @@ async def cluster(request: Request) -> dict[str, Any]:
     gw = _gw(request)
     store = request.app.state.store
     counts = await asyncio.to_thread(store.count_by_status)
-    instances = [i.to_dict() for i in gw.cluster.instances.values()]
+    instances = gw.cluster.instance_dicts()
     by_role: dict[str, dict[str, int]] = {}
     for inst in instances:
         r = by_role.setdefault(str(inst["role"]), {"total": 0, "active": 0})
@@ -58,15 +57,16 @@ async def cluster(request: Request) -> dict[str, Any]:
 
 @router.get("/instances")
 async def instances(request: Request) -> dict[str, Any]:
-    return {"instances": [i.to_dict() for i in _gw(request).cluster.instances.values()]}
+    return {"instances": _gw(request).cluster.instance_dicts()}
 
 
 @router.get("/instances/{instance_id}")
 async def instance(instance_id: str, request: Request) -> dict[str, Any]:
-    inst = _gw(request).cluster.instances.get(instance_id)
+    gw = _gw(request)
+    inst = gw.cluster.instances.get(instance_id)
     if inst is None:
         raise HTTPException(404, detail=f"no instance {instance_id!r}")
-    return inst.to_dict()
+    return inst.to_dict(time.time())
 
 
 @router.get("/requests")
@@ -222,7 +222,7 @@ async def load_plan(instance_id: str, request: Request, plan: Annotated[dict[str
     except WorkloadError as e:
         raise HTTPException(400, detail={"message": str(e), "param": "plan"}) from None
     inst = _decode_instance(request, instance_id)
-    reply = await _gw(request).peers.worker(inst.address).SetPlan(pb.PlanRequest(order=parsed.order), timeout=10)
+    reply = await _gw(request).workers.set_plan(inst.address, parsed.order, timeout=10)
     if not reply.ok:
         raise HTTPException(409, detail=reply.reason)
     return {
@@ -237,7 +237,7 @@ async def load_plan(instance_id: str, request: Request, plan: Annotated[dict[str
 @router.delete("/instances/{instance_id}/plan")
 async def clear_plan(instance_id: str, request: Request) -> dict[str, Any]:
     inst = _decode_instance(request, instance_id)
-    reply = await _gw(request).peers.worker(inst.address).SetPlan(pb.PlanRequest(clear=True), timeout=10)
+    reply = await _gw(request).workers.set_plan(inst.address, None, timeout=10)
     if not reply.ok:
         raise HTTPException(409, detail=reply.reason)
     return {"instance_id": instance_id, "planned": 0}

@@ -1,0 +1,147 @@
+"""The daemon's gRPC edge, worker side: the calls the daemon makes to workers (Generate, Attach, Cancel,
+Flip, SetPlan, Info) over cached channels, with their answers as plain data. A failed call raises
+`WorkerCallError` naming the gRPC status, so the rest of the daemon never sees gRPC or protobuf.
+
+A token stream (`generate`, `attach`) is an async generator: closing it (or leaving it early and letting
+it be collected) cancels the call on the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from tetri.proto import pb
+from tetri.proto.peers import Peers
+
+from .cluster import LoadReport
+from .grpc_edge import load_from_pb
+
+
+class WorkerCallError(Exception):
+    """A call to a worker failed (unreachable, died mid-stream, timed out…); `code` is the gRPC status name."""
+
+    def __init__(self, code: str, details: str = "") -> None:
+        super().__init__(f"{code}: {details}" if details else code)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Handoff:
+    decode_instance_id: str
+    decode_address: str
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """Tokens a worker produced since its previous chunk; the last chunk says why the stream ended, or
+    (a prefill worker's) where the request continues."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str = ""  # "length" | "stop" | "abort" | "error"
+    handoff: Handoff | None = None
+    error: str = ""
+    kv_loaded_tokens: int = 0  # decode worker's last chunk: prompt tokens whose KV came with the hand-over; -1 unknown
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A worker's yes/no answer (Flip, SetPlan) and its reason."""
+
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    instance_id: str
+    role: str
+    model: str
+    max_model_len: int
+    load: LoadReport
+
+
+def _chunk(c: pb.TokenChunk) -> TokenChunk:
+    handoff = Handoff(c.handoff.decode_instance_id, c.handoff.decode_address) if c.HasField("handoff") else None
+    return TokenChunk(
+        c.request_id, list(c.token_ids), c.finished, c.finish_reason, handoff, c.error, c.kv_loaded_tokens
+    )
+
+
+def _error(e: grpc.aio.AioRpcError) -> WorkerCallError:
+    return WorkerCallError(e.code().name, e.details() or "")
+
+
+class WorkerClient:
+    def __init__(self) -> None:
+        self._peers = Peers()
+
+    async def _stream(self, call: grpc.aio.UnaryStreamCall) -> AsyncGenerator[TokenChunk, None]:
+        try:
+            async for c in call:
+                yield _chunk(c)
+        except grpc.aio.AioRpcError as e:
+            raise _error(e) from None
+        finally:
+            call.cancel()
+
+    def generate(
+        self,
+        address: str,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        predicted: tuple[int, int] | None = None,
+        decode_instance_id: str = "",
+    ) -> AsyncGenerator[TokenChunk, None]:
+        lo, hi = predicted or (0, 0)
+        req = pb.GenerateRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            max_tokens=max_tokens,
+            predicted_lo=lo,
+            predicted_hi=hi,
+            decode_instance_id=decode_instance_id,
+        )
+        return self._stream(self._peers.worker(address).Generate(req))
+
+    def attach(self, address: str, request_id: str) -> AsyncGenerator[TokenChunk, None]:
+        return self._stream(self._peers.worker(address).Attach(pb.AttachRequest(request_id=request_id)))
+
+    async def cancel(self, address: str, request_id: str, timeout: float) -> bool:
+        """Abort the request on that worker; True if the worker had it."""
+        try:
+            reply = await self._peers.worker(address).Cancel(pb.CancelRequest(request_id=request_id), timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _error(e) from None
+        return bool(reply.found)
+
+    async def flip(self, address: str, to_role: str, timeout: float) -> Reply:
+        try:
+            reply = await self._peers.worker(address).Flip(pb.FlipRequest(to_role=to_role), timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _error(e) from None
+        return Reply(reply.ok, reply.reason)
+
+    async def set_plan(self, address: str, order: Sequence[str] | None, timeout: float) -> Reply:
+        """Load a Sorted-F plan's admission order into a decode worker; None clears it."""
+        msg = pb.PlanRequest(clear=True) if order is None else pb.PlanRequest(order=order)
+        try:
+            reply = await self._peers.worker(address).SetPlan(msg, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _error(e) from None
+        return Reply(reply.ok, reply.reason)
+
+    async def info(self, address: str, timeout: float) -> WorkerInfo:
+        try:
+            r = await self._peers.worker(address).Info(pb.InfoRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _error(e) from None
+        return WorkerInfo(r.instance_id, r.role, r.model, r.max_model_len, load_from_pb(r.load))
+
+    async def close(self) -> None:
+        await self._peers.close()
