@@ -3,7 +3,7 @@
 For each seed: generate a chat backlog (the planner's `short` class, all at t = 0), plan it offline with
 Sorted-F and with fcfs at M = the decode instance's KV capacity, replay both on a live 1P+1D sim cluster
 (`tetrictl.replay.Replay`, the code behind `tetrictl plan replay`) and print planned TEL (steps) beside
-measured TEL (model seconds: wall seconds × the time scale), their Sorted-F / fcfs ratios, and how well
+measured TEL (model seconds: the status table's times, on the cluster clock), their Sorted-F / fcfs ratios, and how well
 the measured completion order follows the plan (Kendall's τ).
 
     python bench/replay_bench.py                       # opt-13b-v100, 120 requests, seeds 0-2
@@ -84,8 +84,8 @@ def main() -> None:
             _, sf = asyncio.run(replay(cluster.url, docs["sorted-f"], "plan"))
             _, ff = asyncio.run(replay(cluster.url, docs["sorted-f"], "fcfs"))
             assert sf.failed == 0 and ff.failed == 0, (sf, ff)
-            sf_tel = (sf.measured_tel_s or 0) * args.time_scale
-            ff_tel = (ff.measured_tel_s or 0) * args.time_scale
+            sf_tel = sf.measured_tel_s or 0  # status-table times: the cluster clock, model seconds
+            ff_tel = ff.measured_tel_s or 0
             t.add_row(
                 str(seed),
                 f"{capacity:,}",

@@ -1,8 +1,9 @@
 """The daemon process: FastAPI (OpenAI + admin + metrics + health) and the ControlPlane gRPC service
 in one asyncio loop, over the status tables.
 
-Start-up: migrate the database, mark requests left in flight by a previous run `interrupted`, start the
-batched writer, the gRPC service and the cluster monitor.
+Start-up: migrate the database, start the cluster clock (`time_scale`; never behind the latest time in
+the status tables), mark requests left in flight by a previous run `interrupted`, start the batched
+writer, the gRPC service and the cluster monitor. Every status-table time comes from the cluster clock.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tetri.clock import ClusterClock
 from tetri.config import DaemonSettings
 
 from .api import admin, openai
@@ -42,16 +44,20 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         url = settings.database_url()
         await asyncio.to_thread(migrate, url)
         store = Store(make_engine(url))
-        recovered = await asyncio.to_thread(store.recover_interrupted, time.time())
+        latest = await asyncio.to_thread(store.latest_timestamp)
+        clock = ClusterClock(settings.time_scale, origin=max(time.time(), latest or 0.0))
+        recovered = await asyncio.to_thread(store.recover_interrupted, clock.now())
         writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
         await writer.start()
-        cluster = Cluster(settings.report_interval_s, settings.unhealthy_after, writer, settings.load_sample_every)
-        predictor = PredictorService(store)
+        cluster = Cluster(
+            settings.report_interval_s, settings.unhealthy_after, writer, settings.load_sample_every, clock
+        )
+        predictor = PredictorService(store, clock.now)
         gateway = Gateway(cluster, writer, metrics, settings.model, predictor)
         metrics.watch_predictor(predictor)
 
         def on_register(inst: Instance) -> None:
-            _record_instance(store, inst, time.time())
+            _record_instance(store, inst, clock.now())
 
         server, grpc_port = await start_control_plane(
             cluster, settings.grpc_host, settings.grpc_port, settings.token, on_register
@@ -61,10 +67,11 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         flipper = Flipper(cluster, gateway.workers, store)
         app.state.flipper = flipper
         monitor = asyncio.create_task(cluster.monitor())
-        watcher = asyncio.create_task(flipper.watch(max(1.0, settings.report_interval_s * 10)))
+        # one model second (the simulator's watch interval), no more often than load reports arrive
+        watcher = asyncio.create_task(flipper.watch(max(settings.report_interval_s, 1.0 / clock.scale)))
         retrainer = asyncio.create_task(predictor.loop(lambda: cluster.policies, settings.predictor_retrain_s))
         app.state.predictor = predictor
-        retention = asyncio.create_task(_retention(store, settings.load_retention_s))
+        retention = asyncio.create_task(_retention(store, clock, settings.load_retention_s))
         try:
             yield
         finally:
@@ -81,7 +88,7 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
     app = FastAPI(title="Tetri daemon", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.mode = mode
-    app.state.started = time.time()
+    app.state.started = time.monotonic()
 
     def metrics_source() -> tuple[list[dict[str, Any]], dict[str, int]]:
         gw: Gateway | None = getattr(app.state, "gateway", None)
@@ -159,8 +166,9 @@ def _record_instance(store: Store, inst: Instance, registered_ts: float) -> None
     asyncio.get_running_loop().run_in_executor(None, write).add_done_callback(done)
 
 
-async def _retention(store: Store, keep_s: float) -> None:
+async def _retention(store: Store, clock: ClusterClock, keep_s: float) -> None:
+    """Delete load samples older than `keep_s` of wall time (`keep_s` × scale on the cluster clock)."""
     while True:
         await asyncio.sleep(min(60.0, keep_s / 2))
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(store.prune_load_samples, time.time() - keep_s)
+            await asyncio.to_thread(store.prune_load_samples, clock.now() - clock.model_seconds(keep_s))

@@ -1,10 +1,14 @@
 """The cluster monitor (TetriInfer §3.2): instance registry, load reports, health, decode-load
-broadcast.
+broadcast, and the cluster clock every daemon timestamp comes from.
 
 Workers stream a load report every report interval; each report is answered with the current decode
 load (what prefill dispatchers choose from). An instance that misses `unhealthy_after` intervals is
 marked unhealthy and gets no new work until it reports again. Everything here is plain data: the
 ControlPlane gRPC service (`daemon.grpc_edge`) converts the wire messages to and from these classes.
+
+Times are on the cluster clock (`tetri.clock.ClusterClock`: model time when the cluster runs scaled).
+The report interval paces processes, so it is wall time; the health limit (`unhealthy_after` ×
+`report_interval_s` of wall time) is compared on the cluster clock as that many wall seconds × scale.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import asyncio
 import dataclasses
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 
+from tetri.clock import ClusterClock
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.routing import InstanceLoad
 
@@ -76,7 +80,7 @@ class DecodeBroadcast:
     """The daemon's answer to each load report: decode load, and the runtime policies with their version."""
 
     instances: list[DecodeInstanceLoad]
-    timestamp: float
+    timestamp: float  # cluster clock
     policies_json: str
     policy_version: int
 
@@ -90,7 +94,7 @@ class Instance:
     max_model_len: int
     kv_capacity_tokens: int
     state: str = "active"  # active | draining | flipping | unhealthy
-    last_report: float = 0.0  # wall clock (time.time) of the last report
+    last_report: float = 0.0  # cluster clock of the last report (or of the registration)
     load: LoadReport = field(default_factory=LoadReport)
     inflight: int = 0  # requests routed here by the daemon and not finished
     reports: int = 0
@@ -112,7 +116,7 @@ class Instance:
         return self.load.kv_used_tokens / cap if cap else 0.0
 
     def to_dict(self, now: float) -> dict[str, object]:
-        """The instance as the admin API shows it; `now`: time.time()."""
+        """The instance as the admin API shows it; `now` is the cluster clock."""
         ld = self.load
         cap = ld.kv_capacity_tokens or self.kv_capacity_tokens
         return {
@@ -142,17 +146,19 @@ class Cluster:
         unhealthy_after: int,
         writer: BatchWriter | None = None,
         sample_every: int = 10,
+        clock: ClusterClock | None = None,
     ) -> None:
         self.instances: dict[str, Instance] = {}
         self.report_interval_s = report_interval_s
         self.unhealthy_after = unhealthy_after
         self.writer = writer
         self.sample_every = sample_every
+        self.clock = clock or ClusterClock()
         self.policies = PolicySet()
         self.policy_version = 0
 
     def instance_dicts(self) -> list[dict[str, object]]:
-        now = time.time()
+        now = self.clock.now()
         return [i.to_dict(now) for i in self.instances.values()]
 
     # --- registry ---------------------------------------------------------------------------------
@@ -164,7 +170,7 @@ class Cluster:
             reg.model,
             reg.max_model_len,
             reg.kv_capacity_tokens,
-            last_report=time.time(),
+            last_report=self.clock.now(),
         )
         old = self.instances.get(reg.instance_id)
         if old is not None:
@@ -177,7 +183,7 @@ class Cluster:
         if inst is None:
             return
         inst.load = msg
-        inst.last_report = time.time()
+        inst.last_report = self.clock.now()
         inst.reports += 1
         if inst.state == "unhealthy":
             log.warning("instance %s is reporting again", inst.id)
@@ -200,9 +206,10 @@ class Cluster:
             )
 
     def check_health(self, now: float | None = None) -> list[str]:
-        """Mark instances that missed `unhealthy_after` reports; returns the ids newly marked."""
-        now = time.time() if now is None else now
-        limit = self.unhealthy_after * self.report_interval_s
+        """Mark instances that missed `unhealthy_after` reports; returns the ids newly marked. `now` is
+        the cluster clock."""
+        now = self.clock.now() if now is None else now
+        limit = self.clock.model_seconds(self.unhealthy_after * self.report_interval_s)
         marked = []
         for inst in self.instances.values():
             if inst.state != "unhealthy" and now - inst.last_report > limit:
@@ -221,7 +228,7 @@ class Cluster:
                 for i in self.instances.values()
                 if i.role == "decode"
             ],
-            timestamp=time.time(),
+            timestamp=self.clock.now(),
             policies_json=json.dumps(self.policies.to_dict()),
             policy_version=self.policy_version,
         )

@@ -6,14 +6,17 @@ instance of its role) → record the flip → mark the instance draining in the 
 are routed to it, and the decode-load broadcast tells prefill instances to stop sending to it) → the
 worker's Flip RPC drains queued and running work and changes role → the registry takes the new role
 and the instance is active again, announced in the next broadcast. Each flip is a row in `flips`
-(reason, who asked, started, drained, done, outcome).
+(reason, who asked, started, drained, done, outcome), stamped on the cluster clock.
+
+The transition watcher sees the cluster clock too: its window (`flip_window_s`) is model time when the
+cluster runs scaled, as in the discrete-event simulator, and it looks every model second (the
+simulator's watch interval) but no more often than load reports arrive.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from tetri.scheduling.flip import InstanceView, TransitionWatcher
@@ -34,6 +37,7 @@ class FlipError(Exception):
 class Flipper:
     def __init__(self, cluster: Cluster, workers: WorkerClient, store: Store) -> None:
         self.cluster = cluster
+        self.clock = cluster.clock
         self.workers = workers
         self.store = store
         self.tasks: set[asyncio.Task[None]] = set()
@@ -62,7 +66,7 @@ class Flipper:
         inst, to = self.validate(instance_id, to_role)
         inst.flip_pending = True
         inst.state = "draining"
-        started = time.time()
+        started = self.clock.now()
         flip_id = await asyncio.to_thread(self.store.record_flip, inst.id, inst.role, to, reason, requested_by, started)
         task = asyncio.create_task(self._run(flip_id, inst, to))
         self.tasks.add(task)
@@ -83,7 +87,7 @@ class Flipper:
         try:
             reply = await self.workers.flip(inst.address, to, timeout=600)
             if reply.ok:
-                drained = time.time()
+                drained = self.clock.now()
                 inst.role = to
                 outcome = "done"
             else:
@@ -95,7 +99,7 @@ class Flipper:
         finally:
             inst.flip_pending = False
             inst.state = "active" if outcome == "done" or inst.state != "unhealthy" else inst.state
-            fields: dict[str, Any] = {"done_ts": time.time(), "outcome": outcome}
+            fields: dict[str, Any] = {"done_ts": self.clock.now(), "outcome": outcome}
             if drained is not None:
                 fields["drained_ts"] = drained
             await asyncio.to_thread(self.store.update_flip, flip_id, **fields)
@@ -111,7 +115,8 @@ class Flipper:
             self.watcher = TransitionWatcher(p.flip_policy, p.flip_low, p.flip_high, p.flip_window_s)
 
     async def watch(self, every_s: float) -> None:
-        """The transition watcher: look at instance load regularly; flip what the policy says."""
+        """The transition watcher: look at instance load every `every_s` wall seconds; flip what the
+        policy says (its window on the cluster clock)."""
         while True:
             await asyncio.sleep(every_s)
             self.configure()
@@ -126,7 +131,7 @@ class Flipper:
                 for i in self.cluster.instances.values()
                 if i.role in ("prefill", "decode")
             ]
-            for d in self.watcher.observe(time.time(), views):
+            for d in self.watcher.observe(self.clock.now(), views):
                 try:
                     await self.start(d.instance_id, d.to_role, d.reason, "transition-watcher")
                 except FlipError as e:

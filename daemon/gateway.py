@@ -5,6 +5,9 @@ it in the status table (batched, off the streaming path).
 A request's stream yields `Tokens` events and ends with one `Finished` event; failures end it with
 `Failed` (the worker died, no instance, …). Cancellation: `cancel(id)` asks the worker serving it to
 abort; a client that disconnects cancels its calls to the workers (`daemon.worker_client`).
+
+Every time recorded here comes from the cluster clock (`Cluster.clock`): TTFT and JCT are model time
+when the cluster runs scaled (docs/cluster.md, "Timestamps: one clock per cluster").
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -84,6 +86,7 @@ class Gateway:
         self.writer = writer
         self.metrics = metrics
         self.model = model
+        self.clock = cluster.clock
         self.workers = WorkerClient()
         self.inflight: dict[str, Inflight] = {}
 
@@ -105,7 +108,7 @@ class Gateway:
 
     # --- recording ---------------------------------------------------------------------------------
     def record_rejected(self, rid: str, message: str, prompt_tokens: int = 0, max_tokens: int = 0) -> None:
-        now = time.time()
+        now = self.clock.now()
         self.writer.submit_request_insert(
             id=rid,
             model=self.model,
@@ -124,7 +127,7 @@ class Gateway:
 
     def _phase(self, fl: Inflight, phase: Phase, **fields: object) -> None:
         fl.phase = phase
-        fl.timeline.append((phase.value, time.time()))
+        fl.timeline.append((phase.value, self.clock.now()))
         self._update(fl, phase=phase.value, **fields)
 
     # --- the request ---------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ class Gateway:
         pin: str | None = None,
     ) -> AsyncIterator[Tokens | Finished | Failed]:
         """Serve one request; ``pin`` pins its decode phase to that decode instance."""
-        now = time.time()
+        now = self.clock.now()
         fl = Inflight(rid, len(prompt_ids), max_tokens, now, timeline=[("queued", now)])
         if self.predictor is not None:
             fl.predicted = self.predictor.predict(self.cluster.policies, prompt_ids, rid, max_tokens)
@@ -175,7 +178,7 @@ class Gateway:
 
     def _finish(self, fl: Inflight, end: Finished | Failed) -> None:
         self.inflight.pop(fl.id, None)
-        now = time.time()
+        now = self.clock.now()
         jct_ms = (now - fl.arrival) * 1000
         self._release(fl)
         fl.timeline.append(("done", now))
@@ -230,7 +233,7 @@ class Gateway:
             return
         self._serve_on(fl, entry)
         fl.prefill_instance = entry.id
-        self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=time.time())
+        self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=self.clock.now())
         stream = self.workers.generate(entry.address, fl.id, prompt_ids, fl.max_tokens, fl.predicted, pin or "")
         handoff: Handoff | None = None
         async for ev in self._stream(fl, entry.id, stream):
@@ -264,10 +267,10 @@ class Gateway:
         self, fl: Inflight, name: str, call: AsyncGenerator[TokenChunk, None]
     ) -> AsyncIterator[Tokens | Finished | Failed | Handoff]:
         """Follow one worker stream (`name`: the instance serving it) until it ends or hands over."""
-        last = time.time()
+        last = self.clock.now()
         try:
             async for chunk in call:
-                now = time.time()
+                now = self.clock.now()
                 if chunk.token_ids:
                     n = len(chunk.token_ids)
                     if fl.produced == 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +41,9 @@ class PredictorStats:
 
 
 class PredictorService:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, now: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.now = now  # the cluster clock (trained_ts)
         self.learned: LearnedPredictor | None = None
         self.stats = PredictorStats()
         self._lock = asyncio.Lock()
@@ -72,7 +73,7 @@ class PredictorService:
             acc = await asyncio.to_thread(model.fit, [p for p, _ in samples], [o for _, o in samples])
             self.learned = model
             self.stats.holdout_accuracy, self.stats.trained_on = acc, len(samples)
-            self.stats.trained_ts = time.time()
+            self.stats.trained_ts = self.now()
             self.stats.live_hits = self.stats.live_total = 0  # live accuracy of the new model
             return self.describe() | {"retrained": True}
 

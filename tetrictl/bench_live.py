@@ -3,8 +3,9 @@
 For each run it starts a daemon and sim workers on loopback (as `tetrictl up` does) in the run's
 layout (TetriInfer: prefill + decode instances with the run's policies set through the admin API;
 vanilla: colocated instances), replays the workload at its arrival times through the OpenAI endpoint
-(model time runs `time_scale` × faster than the wall), and reads back per-request records from the
-status table, in model seconds. It produces the simulator's `RunResult`, so every table works unchanged.
+(model time runs `time_scale` × faster than the wall, for the daemon's clock as for the workers'), and
+reads back per-request records from the status table, whose times are already model time (one clock per
+cluster, docs/cluster.md). It produces the simulator's `RunResult`, so every table works unchanged.
 What the status table does not know is left out: busy time is taken as each instance's span, and chunk
 padding and recomputed tokens are reported as 0.
 """
@@ -60,7 +61,7 @@ async def _run(
             if time.monotonic() > deadline:
                 raise RuntimeError("workers did not take the policies")
             await asyncio.sleep(0.05)
-        t_start = time.time()
+        t_start = float((await c.cluster())["now"])  # the cluster clock: model time
         ids = await _replay(c, requests, scale)
         await asyncio.sleep(0.3)  # one flush of the batched status-table writes
         rows = {r["id"]: r for r in await c.all_requests()}
@@ -85,16 +86,16 @@ def live_runner(time_scale: float = 1.0) -> Runner:
             ids, rows, t_start, preempt = asyncio.run(_run(cluster.url, config, requests, time_scale))
         finally:
             cluster.stop()
-        return _result(requests, ids, rows, t_start, time_scale, preempt)
+        return _result(requests, ids, rows, t_start, preempt)
 
     return run
 
 
 def _result(
-    requests: Sequence[Request], ids: dict[str, str], rows: dict[str, dict], t0: float, scale: float, preemptions: int
+    requests: Sequence[Request], ids: dict[str, str], rows: dict[str, dict], t0: float, preemptions: int
 ) -> RunResult:
-    def m(ts: float | None) -> float | None:  # wall clock → model seconds since the replay began
-        return None if ts is None else (ts - t0) * scale
+    def m(ts: float | None) -> float | None:  # the cluster clock → model seconds since the replay began
+        return None if ts is None else ts - t0
 
     recs: list[RequestRecord] = []
     spans: dict[str, list[float]] = {}
@@ -130,7 +131,7 @@ def _result(
             held = [(row["prefill_instance"], row["prefill_start_ts"], row["finished_ts"])]
         for inst, a, b in held:
             if inst and a is not None and b is not None:
-                ma, mb = (a - t0) * scale, (b - t0) * scale
+                ma, mb = a - t0, b - t0
                 span = spans.setdefault(inst, [ma, mb])
                 span[0], span[1] = min(span[0], ma), max(span[1], mb)
     instances = [InstanceRecord(i, (i.split("-")[0],), s[1] - s[0], s[0], s[1], 0, 0) for i, s in spans.items()]

@@ -120,7 +120,7 @@ def requests_ls(
         return await c.requests(phase, status_, limit, offset)
 
     def render(d: dict[str, Any]) -> None:
-        now = time.time()
+        now = d.get("now") or time.time()  # the daemon's cluster clock (model time on a scaled cluster)
         rows = [
             [
                 r["id"],

@@ -1,7 +1,8 @@
 """The admin API under /api/v1: cluster summary, instances, requests, one request's timeline, cancel.
 
 Status-table reads go to the database (writes are batched, so a request may appear there up to one
-flush interval after it arrives); in-flight requests are overlaid from memory.
+flush interval after it arrives); in-flight requests are overlaid from memory. Times are the cluster
+clock's (model time when the cluster runs scaled); `/cluster` and `/requests` say what it reads now.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ async def cluster(request: Request) -> dict[str, Any]:
     return {
         "model": gw.model,
         "mode": request.app.state.mode,
-        "uptime_s": time.time() - request.app.state.started,
+        "uptime_s": time.monotonic() - request.app.state.started,
+        "now": gw.clock.now(),
+        "time_scale": gw.clock.scale,
         "instances": by_role,
         "inflight": len(gw.inflight),
         "inflight_by_phase": phases,
@@ -66,7 +69,7 @@ async def instance(instance_id: str, request: Request) -> dict[str, Any]:
     inst = gw.cluster.instances.get(instance_id)
     if inst is None:
         raise HTTPException(404, detail=f"no instance {instance_id!r}")
-    return inst.to_dict(time.time())
+    return inst.to_dict(gw.clock.now())
 
 
 @router.get("/requests")
@@ -86,7 +89,8 @@ async def requests(
         offset,
         id_prefix,
     )
-    return {"requests": rows, "total": total, "limit": limit, "offset": offset}
+    now = _gw(request).clock.now()
+    return {"requests": rows, "total": total, "limit": limit, "offset": offset, "now": now}
 
 
 @router.get("/requests/{request_id}")
@@ -161,7 +165,7 @@ async def set_policies(request: Request, changes: Annotated[dict[str, Any], Body
     if diff:
         cluster.set_policies(new)
         request.app.state.flipper.configure()
-        now = time.time()
+        now = cluster.clock.now()
         for field, before, after in diff:
             await asyncio.to_thread(
                 request.app.state.store.record_policy_change, now, field, json.dumps(before), json.dumps(after), who

@@ -220,6 +220,23 @@ class Store:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
+    def latest_timestamp(self) -> float | None:
+        """The latest time recorded in any status table (None when they are empty). The daemon starts its
+        cluster clock no earlier, so times stay monotonic across restarts on a scaled clock."""
+        columns = (
+            REQUESTS.c.arrival_ts,
+            REQUESTS.c.finished_ts,
+            INSTANCES.c.registered_ts,
+            INSTANCES.c.last_report_ts,
+            LOAD_SAMPLES.c.ts,
+            FLIPS.c.started_ts,
+            FLIPS.c.done_ts,
+            POLICY_CHANGES.c.ts,
+        )
+        with self.engine.connect() as conn:
+            found = [conn.execute(select(func.max(c))).scalar() for c in columns]
+        return max((float(v) for v in found if v is not None), default=None)
+
     # ---- requests ------------------------------------------------------------------------------------
 
     def recover_interrupted(self, now: float) -> int:

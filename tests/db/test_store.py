@@ -248,6 +248,22 @@ def test_flips_and_policy_changes(store: Store) -> None:
     assert [(c["old_value"], c["new_value"]) for c in changes] == [(None, "sjf"), ("sjf", "fcfs")]
 
 
+def test_latest_timestamp_over_every_table(store: Store) -> None:
+    assert store.latest_timestamp() is None  # the daemon then starts its clock at the wall time
+    _instance(store)  # registered at 1.0
+    assert store.latest_timestamp() == 1.0
+    store.insert_request(**_req("r1", 5.0, finished_ts=40.0))
+    store.insert_request(**_req("r2", 30.0))
+    assert store.latest_timestamp() == 40.0
+    store.add_load_samples([_sample(45.0)])
+    assert store.latest_timestamp() == 45.0
+    flip_id = store.record_flip("p0", "prefill", "decode", "test", "auto", 46.0)
+    store.update_flip(flip_id, done_ts=50.0)
+    assert store.latest_timestamp() == 50.0
+    store.record_policy_change(60.0, "prefill_policy", None, "sjf", "cli")
+    assert store.latest_timestamp() == 60.0
+
+
 # ---- BatchWriter -------------------------------------------------------------------------------------
 
 
