@@ -294,6 +294,7 @@ class _Sim:
         self.flips: list[FlipRecord] = []
         self._flip_open: dict[str, tuple[FlipDecision, str, float, float | None]] = {}
         self.undispatched: deque[_Req] = deque()
+        self.newsy: list[_Instance] = []  # instances with news, to plan this instant
         self.releases: list[tuple[_Instance, str]] = []  # KV pulled in this round: freed on the prefill side after it
         for req in self.reqs.values():
             self._push(req.arrival, _ARRIVE, req)
@@ -355,10 +356,9 @@ class _Sim:
     def _plan_round(self) -> None:
         """Idle instances with news plan, in rounds, until none has news (releases made by one round's
         pulls are applied after it, as the live prefill worker hears of a pull after the decode plans)."""
-        while True:
-            ready = [i for i in self.instances if i.news]
-            if not ready:
-                return
+        while self.newsy:
+            ready = sorted(self.newsy, key=lambda i: i.idx)
+            self.newsy = []
             for inst in ready:
                 inst.news = False
                 self._start(inst)
@@ -371,7 +371,9 @@ class _Sim:
 
     def _news(self, inst: _Instance) -> None:
         """Have the instance plan once the current instant's events are all applied."""
-        inst.news = True
+        if not inst.news:
+            inst.news = True
+            self.newsy.append(inst)
 
     def _start(self, inst: _Instance) -> None:
         """Plan the instance's next iteration if it is idle; start it if it runs anything."""

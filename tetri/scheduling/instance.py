@@ -42,6 +42,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tetri.costmodel import CostModel
 
@@ -80,10 +81,10 @@ class SchedRequest:
         return self.max_tokens if self.output_len is None else self.output_len
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     """Part of one request's work in an iteration: `tokens` computed after `start` tokens of context
-    (prefill: prompt positions start … start + tokens − 1; decode: 1 token over `start` of context)."""
+    (prefill: prompt positions start … start + tokens − 1; decode: 1 token over `start` of context).
+    A named tuple: a decode step makes one per running request, so it must be cheap to build."""
 
     request_id: str
     start: int
@@ -129,10 +130,25 @@ class Usage:
 
 
 class _Req:
-    __slots__ = ("filled", "growth", "heavy", "kv", "n_out", "phase", "recompute", "req", "seq", "target")
+    __slots__ = (
+        "filled",
+        "growth",
+        "heavy",
+        "kv",
+        "n_out",
+        "phase",
+        "recompute",
+        "req",
+        "rid",
+        "seq",
+        "stop",
+        "target",
+    )
 
     def __init__(self, req: SchedRequest, phase: Phase, produced: int, seq: int) -> None:
         self.req = req
+        self.rid = req.request_id
+        self.stop = req.stop_at  # tokens after which it is finished
         self.phase = phase
         self.n_out = produced  # output tokens produced so far (token indices 0 … n_out − 1)
         self.kv = 0  # KV tokens charged to this instance
@@ -423,7 +439,7 @@ class InstanceScheduler:
                 self._held += 1
                 self._held_tokens += r.kv
                 prefilled.append(piece.request_id)
-            elif r.n_out >= r.req.stop_at:
+            elif r.n_out >= r.stop:
                 self._forget(r)
                 finished.append(piece.request_id)
             else:
@@ -500,9 +516,8 @@ class InstanceScheduler:
                 preempted=tuple(preempted),
                 pulled=tuple(pulled),
             )
-        pieces = []
+        pieces = [Piece(r.rid, r.kv, 1) for r in running]
         for r in running:
-            pieces.append(Piece(r.req.request_id, r.kv, 1))
             r.kv += 1  # the slot of the token this step feeds
         self._used += len(running)
         duration = self.cost.decode_step_time(len(running), self._used)
@@ -521,23 +536,25 @@ class InstanceScheduler:
 
     def _complete_decode(self, plan: IterationPlan) -> Outcome:
         tokens: list[tuple[str, int]] = []
-        finished: list[str] = []
-        for piece in plan.pieces:
-            r = self._reqs.get(piece.request_id)
-            if r is None or r.phase is not Phase.RUNNING:  # aborted during the iteration
+        finished: list[_Req] = []
+        reqs, running = self._reqs, Phase.RUNNING
+        for rid, _, _ in plan.pieces:
+            r = reqs.get(rid)
+            if r is None or r.phase is not running:  # aborted during the iteration
                 continue
-            tokens.append((piece.request_id, r.n_out))
+            tokens.append((rid, r.n_out))
             r.n_out += 1
             if r.growth:
                 self._growth -= 1
                 r.growth -= 1
-            if r.n_out >= r.req.stop_at:
-                finished.append(piece.request_id)
+            if r.n_out >= r.stop:
+                finished.append(r)
         if finished:
-            for rid in finished:
-                self._running.remove(self._reqs[rid])
-                self._forget(self._reqs[rid])
-        return Outcome(tuple(tokens), (), tuple(finished))
+            done = set(map(id, finished))
+            self._running = [r for r in self._running if id(r) not in done]
+            for r in finished:
+                self._forget(r)
+        return Outcome(tuple(tokens), (), tuple(r.req.request_id for r in finished))
 
     def _preempt(self, r: _Req) -> None:
         self._used -= r.kv
@@ -563,9 +580,9 @@ class InstanceScheduler:
             return r.req.prompt_len + r.n_out  # its prefill: the prompt, plus output so far when recomputing
         return r.req.prompt_len + r.n_out - 1  # decode: the prompt and the output tokens fed so far
 
-    def _candidates(self, room: int) -> list[_Req]:
+    def _candidates(self, room: int) -> Iterable[_Req]:
         if self.policies.decode_admission != "plan":
-            return list(itertools.islice(self._waiting, room))
+            return itertools.islice(self._waiting, room)
         planned = self._plan_set
         by_id = {r.req.request_id: r for r in self._waiting}
         preempted = [r for r in self._waiting if r.recompute and r.req.request_id not in planned]
