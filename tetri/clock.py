@@ -22,6 +22,11 @@ class Clock(Protocol):
         """Wait `seconds` of model time."""
         ...
 
+    async def sleep_until(self, deadline: float) -> None:
+        """Wait until `now()` reaches `deadline` (at once if it has). A loop that chains its waits on
+        deadlines rather than on durations does not accumulate the host's lateness into model time."""
+        ...
+
 
 class RealClock:
     def now(self) -> float:
@@ -29,6 +34,9 @@ class RealClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self.sleep(deadline - self.now())
 
 
 class ScaledClock:
@@ -45,6 +53,9 @@ class ScaledClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.scale)
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self.sleep(deadline - self.now())
 
 
 class ClusterClock:
@@ -65,6 +76,9 @@ class ClusterClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.scale)
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self.sleep(deadline - self.now())
 
     def model_seconds(self, wall_seconds: float) -> float:
         """How much of this clock's time passes in `wall_seconds` of wall time."""

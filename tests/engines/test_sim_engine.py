@@ -13,26 +13,27 @@ from typing import Any, cast
 
 import pytest
 
+from tests.des.virtual_clock import VirtualClock
+from tetri.clock import ScaledClock
 from tetri.costmodel import load_profile
-from workers.clock import ScaledClock
 from workers.engines.base import EngineError, EngineRequest, KVHandle
 from workers.engines.sim import IterationStats, SimEngine, sim_token
 
 SCALE = 10_000.0  # model seconds per wall second: tiny's millisecond iterations become sub-microsecond
 
 
-class RecordingClock(ScaledClock):
-    """A ScaledClock that also remembers every sleep it was asked for (model seconds), except the
-    zero-length yields the engine loop makes before planning."""
+class RecordingClock(VirtualClock):
+    """A virtual clock (exact model time) that remembers how long each wait was, except the zero-length
+    yields the engine loop makes before planning."""
 
-    def __init__(self, scale: float = SCALE) -> None:
-        super().__init__(scale)
+    def __init__(self) -> None:
+        super().__init__()
         self.sleeps: list[float] = []
 
-    async def sleep(self, seconds: float) -> None:
-        if seconds:
-            self.sleeps.append(seconds)
-        await super().sleep(seconds)
+    async def sleep_until(self, deadline: float) -> None:
+        if deadline > self.now():
+            self.sleeps.append(deadline - self.now())
+        await super().sleep_until(deadline)
 
 
 def run(coro: Awaitable[Any]) -> Any:
@@ -120,8 +121,7 @@ def test_token_counts_are_exactly_max_tokens():
 
 
 def test_iteration_durations_come_from_the_cost_model():
-    async def main() -> None:
-        clock = RecordingClock()
+    async def main(clock: RecordingClock) -> None:
         co = await engine("colocated", clock=clock)
         await collect(co.generate(req("a", 100, 4)))
         c = co.cost
@@ -141,7 +141,8 @@ def test_iteration_durations_come_from_the_cost_model():
         assert clock.sleeps == pytest.approx([dec.cost.transfer_time(500), dec.cost.decode_step_time(1, 501)])
         await dec.stop()
 
-    run(main())
+    clock = RecordingClock()
+    asyncio.run(clock.run(main(clock)))
 
 
 # --- prefill role: chunking and KV admission ---------------------------------------------------------

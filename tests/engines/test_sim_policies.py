@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from tetri.clock import ScaledClock
 from tetri.costmodel import load_profile
 from tetri.scheduling.policyset import PolicySet
-from workers.clock import ScaledClock
 from workers.engines.base import EngineRequest, KVHandle
 from workers.engines.sim import IterationStats, SimEngine, sim_token
 

@@ -30,10 +30,10 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from tetri.clock import Clock
 from tetri.costmodel import CostModel, Profile
 from tetri.scheduling.instance import ROLES, InstanceScheduler, IterationPlan, Outcome, SchedRequest
 from tetri.scheduling.policyset import PolicySet
-from workers.clock import Clock
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
 
 TOKENS_PER_S_WINDOW_S = 1.0  # model seconds over which usage().tokens_per_s counts tokens
@@ -378,16 +378,22 @@ class SimEngine(Engine):
     # --- the batching loop ---------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        # Model time at which the last iteration ended, while the engine has been busy since: back-to-back
+        # iterations chain on it (not on the wall-late `now()`), so host jitter does not add up in model
+        # time; None once the engine has waited idle.
+        ended: float | None = None
         try:
             while True:
                 await self._clock.sleep(0)  # let every event of this instant in before planning
+                start = self._clock.now() if ended is None else ended
                 plan = self.sched.schedule()
                 if plan is not None:
                     if self.on_plan is not None:
-                        self.on_plan(self._clock.now(), plan)
+                        self.on_plan(start, plan)
                     for rid in plan.pulled:
-                        self._pulled(rid)
+                        self._pulled(rid, start)
                 if plan is None or not plan.pieces:
+                    ended = None
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -401,7 +407,7 @@ class SimEngine(Engine):
                         IterationStats(
                             index=self.iterations,
                             kind=plan.kind,
-                            start=self._clock.now(),
+                            start=start,
                             duration=plan.duration,
                             kv_used_tokens=plan.kv_used,
                             requests=tuple((p.request_id, p.tokens) for p in plan.pieces),
@@ -409,7 +415,8 @@ class SimEngine(Engine):
                             plan=plan,
                         )
                     )
-                await self._clock.sleep(plan.duration)
+                ended = start + plan.duration
+                await self._clock.sleep_until(ended)
                 self.busy_time += plan.duration
                 self._deliver(self.sched.complete(plan))
         except asyncio.CancelledError:
@@ -418,18 +425,20 @@ class SimEngine(Engine):
             self._fail_all(EngineError(f"engine {self.instance_id} failed: {exc!r}"))
             raise
 
-    def _pulled(self, rid: str) -> None:
-        """Admission pulled a remote request's KV: its caller may let the prefill side free it; the
-        emulated transfer runs, then the request joins the running batch."""
+    def _pulled(self, rid: str, at: float) -> None:
+        """Admission pulled a remote request's KV at model time `at`: its caller may let the prefill side
+        free it; the emulated transfer runs, then the request joins the running batch."""
         seq = self._seqs[rid]
         if seq.pulled is not None and not seq.pulled.done():
             seq.pulled.set_result(None)
-        task = asyncio.get_running_loop().create_task(self._transfer(rid, seq.req.prompt_len))
+        task = asyncio.get_running_loop().create_task(
+            self._transfer(rid, at + self.cost.transfer_time(seq.req.prompt_len))
+        )
         self._transfers.add(task)
         task.add_done_callback(self._transfers.discard)
 
-    async def _transfer(self, rid: str, tokens: int) -> None:
-        await self._clock.sleep(self.cost.transfer_time(tokens))
+    async def _transfer(self, rid: str, done: float) -> None:
+        await self._clock.sleep_until(done)
         if self.sched.loaded(rid):
             self._wake.set()
 
