@@ -19,7 +19,7 @@ import asyncio
 import logging
 from typing import Any
 
-from tetri.scheduling.flip import InstanceView, TransitionWatcher
+from tetri.scheduling.flip import InstanceView, TransitionWatcher, flip_refusal
 
 from .cluster import Cluster, Instance
 from .db.store import Store
@@ -47,19 +47,11 @@ class Flipper:
         inst = self.cluster.instances.get(instance_id)
         if inst is None:
             raise FlipError(404, f"no instance {instance_id!r}")
-        if inst.role not in ("prefill", "decode"):
-            raise FlipError(409, f"instance {instance_id} is {inst.role}: only prefill and decode instances flip")
         to = to_role or ("decode" if inst.role == "prefill" else "prefill")
-        if to not in ("prefill", "decode"):
-            raise FlipError(400, f"to: must be prefill or decode, got {to!r}")
-        if to == inst.role:
-            raise FlipError(409, f"instance {instance_id} already is a {to} instance")
-        if inst.flip_pending or inst.state in ("draining", "flipping"):
-            raise FlipError(409, f"instance {instance_id} is already flipping")
-        if inst.state != "active":
-            raise FlipError(409, f"instance {instance_id} is {inst.state}")
-        if len(self.cluster.healthy(inst.role)) < 2:
-            raise FlipError(409, f"instance {instance_id} is the last active {inst.role} instance")
+        state = "flipping" if inst.flip_pending else inst.state
+        refusal = flip_refusal(inst.id, inst.role, state, to, len(self.cluster.healthy(inst.role)))
+        if refusal is not None:
+            raise FlipError(400 if refusal.param == "to" else 409, refusal.reason)
         return inst, to
 
     async def start(self, instance_id: str, to_role: str | None, reason: str, requested_by: str) -> dict[str, Any]:

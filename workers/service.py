@@ -19,6 +19,7 @@ import grpc
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
 from tetri.scheduling.dispatch import DecodeLoad, dispatch
+from tetri.scheduling.flip import flip_refusal
 from tetri.scheduling.instance import HEAVY_DECODE
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import LengthPredictor, make_predictor
@@ -412,12 +413,9 @@ class WorkerService(rpc.WorkerServicer):
         then change role on a fresh engine. Peers stop sending here as soon as the daemon's broadcast
         says draining; a hand-over that still arrives is refused and the prefill tries elsewhere."""
         to = request.to_role
-        if to not in ("prefill", "decode") or self.role not in ("prefill", "decode"):
-            return pb.FlipReply(ok=False, reason=f"cannot flip a {self.role} instance to {to!r}")
-        if to == self.role:
-            return pb.FlipReply(ok=False, reason=f"instance {self.instance_id} already is a {to} instance")
-        if self.state != "active":
-            return pb.FlipReply(ok=False, reason=f"instance {self.instance_id} is already {self.state}")
+        refusal = flip_refusal(self.instance_id, self.role, self.state, to, None)  # the daemon counts instances
+        if refusal is not None:
+            return pb.FlipReply(ok=False, reason=refusal.reason)
         if self.engine_factory is None:
             return pb.FlipReply(ok=False, reason="this worker cannot build an engine for another role")
         self.state = "draining"

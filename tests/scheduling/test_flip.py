@@ -226,3 +226,25 @@ def test_unknown_flip_policy_is_rejected() -> None:
 def test_nan_window_is_rejected() -> None:
     with pytest.raises(ValueError, match="flip"):
         check_flip_policy("idle", 0.1, 0.8, float("nan"))
+
+
+def test_one_flip_refusal_rule():
+    from tetri.scheduling.flip import flip_refusal
+
+    assert flip_refusal("p0", "prefill", "active", "decode", 2) is None
+    assert flip_refusal("p0", "prefill", "active", "decode", None) is None  # a worker cannot count
+    last = flip_refusal("p0", "prefill", "active", "decode", 1)
+    assert last is not None and "last active prefill" in last.reason
+    bad = flip_refusal("p0", "prefill", "active", "gpu", 2)
+    assert bad is not None and bad.param == "to"
+    for state, words in (
+        ("draining", "already flipping"),
+        ("flipping", "already flipping"),
+        ("unhealthy", "is unhealthy"),
+    ):
+        r = flip_refusal("d1", "decode", state, "prefill", 3)
+        assert r is not None and words in r.reason
+    same = flip_refusal("d1", "decode", "active", "decode", 3)
+    assert same is not None and "already is a decode" in same.reason
+    colocated = flip_refusal("c0", "colocated", "active", "decode", 3)
+    assert colocated is not None and "only prefill and decode" in colocated.reason

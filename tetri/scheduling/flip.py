@@ -82,22 +82,31 @@ class TransitionWatcher:
         return []
 
 
-def flip_refusal(instance_id: str, role: str, state: str, to_role: str, active_of_role: int) -> str | None:
+@dataclass(frozen=True)
+class FlipRefusal:
+    reason: str  # one line
+    param: str | None = None  # "to" when the requested role is what is wrong
+
+
+def flip_refusal(
+    instance_id: str, role: str, state: str, to_role: str, active_of_role: int | None
+) -> FlipRefusal | None:
     """Why an instance may not flip to `to_role` now (None: it may). The one rule the daemon's flip API,
     the worker's Flip RPC and the simulator all apply: only prefill ⇄ decode, to the other role, from
-    the active state, and never the last active instance of its role (`active_of_role` counts it)."""
+    the active state, and never the last active instance of its role (`active_of_role` counts it; None
+    where the caller cannot know — a worker — and the daemon has checked)."""
     if role not in ("prefill", "decode"):
-        return f"instance {instance_id} is {role}: only prefill and decode instances flip"
+        return FlipRefusal(f"instance {instance_id} is {role}: only prefill and decode instances flip")
     if to_role not in ("prefill", "decode"):
-        return f"to: must be prefill or decode, got {to_role!r}"
+        return FlipRefusal(f"to: must be prefill or decode, got {to_role!r}", "to")
     if to_role == role:
-        return f"instance {instance_id} already is a {to_role} instance"
+        return FlipRefusal(f"instance {instance_id} already is a {to_role} instance")
     if state in ("draining", "flipping"):
-        return f"instance {instance_id} is already flipping"
+        return FlipRefusal(f"instance {instance_id} is already flipping")
     if state != "active":
-        return f"instance {instance_id} is {state}"
-    if active_of_role < 2:
-        return f"instance {instance_id} is the last active {role} instance"
+        return FlipRefusal(f"instance {instance_id} is {state}")
+    if active_of_role is not None and active_of_role < 2:
+        return FlipRefusal(f"instance {instance_id} is the last active {role} instance")
     return None
 
 
