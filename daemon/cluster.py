@@ -48,6 +48,7 @@ class LoadReport:
     light: int = 0
     predicted_growth_tokens: int = 0
     policy_version: int = 0
+    held_kv_tokens: int = 0  # prefill: KV not yet pulled by a decode instance (inside kv_used_tokens)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ class Instance:
             "kv_used_tokens": ld.kv_used_tokens,
             "kv_capacity_tokens": cap,
             "kv_usage": ld.kv_used_tokens / cap if cap else 0.0,
+            "held_kv_tokens": ld.held_kv_tokens,
             "tokens_per_s": ld.tokens_per_s,
             "preemptions": ld.preemptions,
             "policy_version": ld.policy_version,

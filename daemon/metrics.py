@@ -28,6 +28,7 @@ class _ClusterCollector(Collector):
             ("tetri_instance_running", "Requests running on the instance", "running"),
             ("tetri_instance_kv_usage_ratio", "KV cache usage (0-1)", "kv_usage"),
             ("tetri_instance_kv_used_tokens", "KV cache used, tokens", "kv_used_tokens"),
+            ("tetri_instance_held_kv_tokens", "Prefill KV not yet pulled by a decode instance", "held_kv_tokens"),
             ("tetri_instance_tokens_per_second", "Tokens produced per (model) second", "tokens_per_s"),
             ("tetri_instance_healthy", "1 if the instance is active", None),
         ]

@@ -478,6 +478,7 @@ class WorkerService(rpc.WorkerServicer):
             heavy=u.heavy,
             light=u.light,
             predicted_growth_tokens=u.predicted_growth_tokens,
+            held_kv_tokens=u.held_tokens,
             policy_version=self.policy_version,
         )
 

@@ -500,6 +500,43 @@ def test_concurrent_handoffs_spread_over_decode_instances() -> None:
     _run(scenario)
 
 
+def test_prefill_holds_the_kv_until_the_decode_instance_pulls_it() -> None:
+    # tiny's 4,192-token cache: the decode instance takes four 1,000-token prompts; the next two stay
+    # prefilled on the prefill instance, their KV held there (and reported) until the decode side pulls.
+    async def scenario() -> None:
+        async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
+            p1.service.decode_view.update(decode_loads(_broadcast(d1)))
+            held: list[int] = []
+            done = asyncio.Event()
+
+            async def watch() -> None:
+                while not done.is_set():
+                    report = p1.service.load_report(0.0)
+                    assert report.kv_used_tokens <= report.kv_capacity_tokens
+                    held.append(report.held_kv_tokens)
+                    await asyncio.sleep(0.002)
+
+            async def one(i: int) -> list[int]:
+                prompt = _prompt(1000, seed=i)
+                chunks = await _collect(p1.stub.Generate(_gen(f"h{i}", prompt, 300)))
+                assert chunks[-1].handoff.decode_instance_id == "d1", chunks[-1]
+                rest = await _collect(d1.stub.Attach(pb.AttachRequest(request_id=f"h{i}")))
+                assert rest[-1].finish_reason == "length"
+                toks = _tokens(chunks) + _tokens(rest)
+                assert toks == [sim_token(prompt, j, VOCAB) for j in range(300)]
+                return toks
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.gather(*(one(i) for i in range(6)))
+            done.set()
+            await watcher
+            assert max(held) >= 1000  # at least one prefilled prompt waited, held on the prefill side
+            assert p1.service.load_report(0.0).held_kv_tokens == 0
+            assert p1.engine.usage().kv_used_tokens == 0 and d1.engine.usage().kv_used_tokens == 0
+
+    _run(scenario)
+
+
 def test_prefill_max_tokens_one_finishes_without_handoff() -> None:
     async def scenario() -> None:
         async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:

@@ -156,7 +156,7 @@ class InfoReply(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("instance_id", "role", "state", "queued", "running", "kv_used_tokens", "kv_capacity_tokens", "tokens_per_s", "preemptions", "timestamp", "heavy", "light", "predicted_growth_tokens", "policy_version")
+    __slots__ = ("instance_id", "role", "state", "queued", "running", "kv_used_tokens", "kv_capacity_tokens", "tokens_per_s", "preemptions", "timestamp", "heavy", "light", "predicted_growth_tokens", "policy_version", "held_kv_tokens")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,7 @@ class LoadReport(_message.Message):
     LIGHT_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_GROWTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HELD_KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     role: str
     state: str
@@ -185,7 +186,8 @@ class LoadReport(_message.Message):
     light: int
     predicted_growth_tokens: int
     policy_version: int
-    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ..., heavy: _Optional[int] = ..., light: _Optional[int] = ..., predicted_growth_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    held_kv_tokens: int
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ..., heavy: _Optional[int] = ..., light: _Optional[int] = ..., predicted_growth_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., held_kv_tokens: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens")
