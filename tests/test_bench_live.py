@@ -30,11 +30,13 @@ def test_live_and_simulated_runs_agree_on_jct():
     requests = requests_for("LPLD", setup, calibrated_rate("LPLD", setup, des_runner))
     for config in (tetri_config(setup), vanilla_config(setup)):
         des = summarize(des_runner(requests, config))
-        live = summarize(live_runner(time_scale=2.0)(requests, config))
+        live = summarize(live_runner(time_scale=1.0)(requests, config))
         assert live["n"] == des["n"] == 16
-        # measured: within 6% on average JCT; TTFT carries the control plane's tens of ms on top
-        assert live["avg_jct_s"] == pytest.approx(des["avg_jct_s"], rel=0.2)
-        assert live["makespan_s"] == pytest.approx(des["makespan_s"], rel=0.2)
+        # measured within 2% (docs/bench.md); the live path adds the control plane's milliseconds per
+        # request, which the simulator does not model, and routes on reported (not instant) loads, so TTFT
+        # is only bounded below
+        assert live["avg_jct_s"] == pytest.approx(des["avg_jct_s"], rel=0.05)
+        assert live["makespan_s"] == pytest.approx(des["makespan_s"], rel=0.05)
         assert live["avg_ttft_s"] >= des["avg_ttft_s"] * 0.8
 
 
