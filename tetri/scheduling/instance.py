@@ -23,7 +23,8 @@ Roles (docs/sim-engine.md has the details and the figures):
   REMOTE, charged nowhere here). Each iteration: preempt the most recently admitted while the step would
   overflow the cache (recompute-style: it re-queues at the front and, when re-admitted, rebuilds its
   context within that step); admit with the decode policy (greedy / reserve-static / reserve-dynamic /
-  plan). An admitted REMOTE request is **pulled** (`plan.pulled`): its KV is charged here from that
+  plan; an idle instance does not wait for a planned request that has not arrived, which could
+  deadlock). An admitted REMOTE request is **pulled** (`plan.pulled`): its KV is charged here from that
   moment (the prefill instance may free it) and it joins the running batch when the shell says it has
   `loaded`. Then one token per running request.
 * ``colocated``: vLLM's default prefill-first schedule: if the admission policy lets waiting prompts in,
@@ -587,12 +588,17 @@ class InstanceScheduler:
         by_id = {r.req.request_id: r for r in self._waiting}
         preempted = [r for r in self._waiting if r.recompute and r.req.request_id not in planned]
         rest = [r for r in self._waiting if not r.recompute and r.req.request_id not in planned]
+        # The plan waits for a planned id that has not arrived — unless nothing runs or loads here: then
+        # waiting could deadlock (that request may be stuck behind prefill KV held for the requests waiting
+        # here), so an idle instance takes the planned requests that are here, in plan order.
+        idle = not (self._running or self._loading or self._prefilling)
         in_plan: list[_Req] = []
         for rid in self._plan_order:
             r = by_id.get(rid)
-            if r is None:  # the plan waits for a planned id that has not arrived: candidates stop there
+            if r is not None:
+                in_plan.append(r)
+            elif not idle:
                 return [*preempted, *in_plan][:room]
-            in_plan.append(r)
         return [*preempted, *in_plan, *rest][:room]
 
     def _policy_admissions(self) -> list[_Req]:
