@@ -243,7 +243,13 @@ def test_plan_admission_follows_a_loaded_sorted_f_plan(cluster: LiveCluster):
                 r = await a.post("/v1/completions", json=body)
                 assert r.status_code == 200, r.text
 
-            await asyncio.gather(*(one(k) for k in range(6)))
+            # In plan order, as `tetrictl plan replay` sends: the prefill instance holds each prompt's KV
+            # until the decode instance pulls it, so the decode can only follow a plan the prefill is fed in.
+            sends = []
+            for k in (3, 0, 5, 1, 4, 2):
+                sends.append(asyncio.create_task(one(k)))
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*sends)
 
     asyncio.run(send_all())
     with httpx.Client(base_url=cluster.url, timeout=60) as h:

@@ -588,17 +588,21 @@ class InstanceScheduler:
         by_id = {r.req.request_id: r for r in self._waiting}
         preempted = [r for r in self._waiting if r.recompute and r.req.request_id not in planned]
         rest = [r for r in self._waiting if not r.recompute and r.req.request_id not in planned]
-        # The plan waits for a planned id that has not arrived — unless nothing runs or loads here: then
-        # waiting could deadlock (that request may be stuck behind prefill KV held for the requests waiting
-        # here), so an idle instance takes the planned requests that are here, in plan order.
-        idle = not (self._running or self._loading or self._prefilling)
         in_plan: list[_Req] = []
         for rid in self._plan_order:
             r = by_id.get(rid)
             if r is not None:
                 in_plan.append(r)
-            elif not idle:
-                return [*preempted, *in_plan][:room]
+                continue
+            # The plan waits for a planned id that has not arrived. An idle instance with none of the
+            # planned requests before it here could wait forever, though: that request may be stuck behind
+            # prefill KV held for the ones waiting here. Then the first planned request that is here goes
+            # first (one: as soon as anything runs, the plan waits again).
+            idle = not (self._running or self._loading or self._prefilling or preempted or in_plan)
+            if idle:
+                first = next((by_id[x] for x in self._plan_order if x in by_id), None)
+                return [first] if first is not None and room else []
+            return [*preempted, *in_plan][:room]
         return [*preempted, *in_plan, *rest][:room]
 
     def _policy_admissions(self) -> list[_Req]:
