@@ -18,8 +18,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tetri.des.cluster import ClusterConfig, InstanceRecord, RequestRecord, RunResult
+from tetri.des.cluster import ClusterConfig
 from tetri.des.experiments import Runner
+from tetri.des.records import InstanceRecord, RequestRecord, RunResult
 from tetri.des.workloads import Request
 
 from .client import Target, TetriClient

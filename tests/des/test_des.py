@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tetri.costmodel import CostModel, load_profile
-from tetri.des.cluster import ClusterConfig, RunResult, simulate
+from tetri.des.cluster import ClusterConfig, simulate
 from tetri.des.experiments import TETRI_POLICY, BenchSetup, ablation_flip, run_bench
 from tetri.des.metrics import HEADLINE, relative_change, summarize
+from tetri.des.records import RunResult
 from tetri.des.workloads import (
     LIGHT_OUTPUT_MAX,
     LIGHT_PROMPT_MAX,

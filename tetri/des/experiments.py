@@ -28,8 +28,9 @@ from tetri.costmodel import CostModel, load_profile
 from tetri.scheduling.admission import RESERVE_POINTS
 from tetri.scheduling.policyset import PolicySet
 
-from .cluster import ClusterConfig, RunResult, simulate
+from .cluster import ClusterConfig, simulate
 from .metrics import HEADLINE, relative_change, summarize
+from .records import RunResult
 from .workloads import (
     WORKLOADS,
     Request,

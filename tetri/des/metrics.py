@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .cluster import RunResult
+from .records import RunResult
 
 # (key, label, better): "lower" or "higher" is better; the bench table and plot show these.
 HEADLINE = (
