@@ -148,6 +148,7 @@ class _Instance:
         "role",
         "roles",
         "sched",
+        "starting",
         "state",
     )
 
@@ -161,6 +162,7 @@ class _Instance:
         self.inflight: IterationPlan | None = None  # the iteration running now
         self.news = False  # something changed since it last planned: plan at the end of the instant
         self.outstanding = 0  # routed here, not yet done with this instance (the router's in-flight count)
+        self.starting: list[_Req] = []  # loaded (or prefilled, colocated): their first decode step is next
         self.counted = [0, 0, 0]  # padding, preemptions, recomputed tokens of schedulers it had before flips
         self.busy_s = 0.0
         self.first: float | None = None
@@ -319,13 +321,17 @@ class _Sim:
             self._push(now + self.cost.transfer_time(req.prompt), _LOADED, req)
         if not plan.pieces:
             return
-        for piece in plan.pieces:
-            req = self.reqs[piece.request_id]
-            if plan.kind == "prefill":
+        if plan.kind == "prefill":
+            for piece in plan.pieces:  # a chunk's few pieces
+                req = self.reqs[piece.request_id]
                 if req.prefill_start is None:
                     req.prefill_start = now
-            elif req.decode_start is None:
-                req.decode_start = now
+        elif inst.starting:  # requests about to decode for the first time (the step's others already do)
+            ids = {p.request_id for p in plan.pieces}
+            for req in inst.starting:
+                if req.sched.request_id in ids:
+                    req.decode_start = now
+            inst.starting = [r for r in inst.starting if r.decode_start is None and r.finish is None]
         inst.inflight = plan
         if inst.first is None:
             inst.first = now
@@ -341,14 +347,18 @@ class _Sim:
         inst.inflight = None
         inst.busy_s += plan.duration
         inst.last = self.now
-        self._outcome(inst, inst.sched.complete(plan))
+        self._outcome(inst, inst.sched.complete(plan), plan.kind == "prefill")
         self._news(inst)
 
-    def _outcome(self, inst: _Instance, out: Outcome) -> None:
+    def _outcome(self, inst: _Instance, out: Outcome, prefill: bool) -> None:
         now = self.now
-        for rid, index in out.tokens:
-            if index == 0:
-                self.reqs[rid].first_token = now
+        if prefill:  # first tokens come from prefills only
+            for rid, index in out.tokens:
+                if index == 0:
+                    req = self.reqs[rid]
+                    req.first_token = now
+                    if inst.role == "colocated":
+                        inst.starting.append(req)  # decodes from its next step (unless it just finished)
         for rid in out.prefilled:  # prefill role: the prompt is done, its KV held here
             req = self.reqs[rid]
             inst.outstanding -= 1
@@ -370,7 +380,7 @@ class _Sim:
         loads = [
             InstanceLoad(
                 i.iid,
-                kv_used_tokens=i.sched.usage().kv_used_tokens,
+                kv_used_tokens=i.sched.kv_used,
                 kv_capacity_tokens=i.sched.capacity,
                 inflight=i.outstanding,
             )
@@ -407,6 +417,7 @@ class _Sim:
         assert p is not None and d is not None
         p.last = self.now if p.last is None else max(p.last, self.now)  # the transfer out of it ended
         if d.sched.loaded(req.sched.request_id):
+            d.starting.append(req)
             self._news(d)
 
     def _finish(self, req: _Req) -> None:

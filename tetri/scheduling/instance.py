@@ -326,6 +326,11 @@ class InstanceScheduler:
     def __len__(self) -> int:
         return len(self._reqs)
 
+    @property
+    def kv_used(self) -> int:
+        """KV tokens charged here (what `usage()` reports, without building it)."""
+        return self._used
+
     def usage(self) -> Usage:
         return Usage(
             kv_capacity_tokens=self.capacity,
