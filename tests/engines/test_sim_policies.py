@@ -436,33 +436,8 @@ def test_plan_admission_follows_the_given_order():
     run(main())
 
 
-def test_plan_waits_for_a_planned_request_that_has_not_arrived_while_others_run():
-    async def main() -> None:
-        dec, log = await engine("decode", policies=PolicySet(decode_admission="plan"))
-        x, a, b = exact("x", 100, 400), exact("a", 100, 50), exact("b", 100, 50)
-        dec.set_plan(["x", "b", "a"])
-        task_x = asyncio.create_task(decode_all(dec, [x]))
-        while not log:
-            await asyncio.sleep(0)
-        task_a = asyncio.create_task(decode_all(dec, [a]))  # a fits, but b comes first in the plan
-        while dec.usage().waiting == 0:
-            await asyncio.sleep(0)
-        for _ in range(50):
-            await asyncio.sleep(0)
-        assert all(rid == "x" for s in log for rid, _ in s.requests)
-        await decode_all(dec, [b])
-        await asyncio.gather(task_x, task_a)
-        starts: list[str] = []
-        for s in log:
-            starts += [rid for rid, _ in s.requests if rid not in starts]
-        assert starts == ["x", "b", "a"]
-        await dec.stop()
-
-    run(main())
-
-
-def test_an_idle_instance_does_not_wait_for_an_absent_planned_request():
-    # Waiting idle could deadlock: b's prompt may be stuck behind prefill KV held for a, which waits here.
+def test_plan_does_not_wait_for_a_planned_request_that_has_not_arrived():
+    # Waiting could stall or deadlock: b's prompt may be stuck behind prefill KV held for a, waiting here.
     async def main() -> None:
         dec, log = await engine("decode", policies=PolicySet(decode_admission="plan"))
         a = exact("a", 100, 50)

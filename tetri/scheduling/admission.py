@@ -11,7 +11,9 @@ per step until it finishes. Policies (each returns the waiting requests to admit
   finishes and frees its memory: usage grows for r_min steps, the candidate's included.
 * ``plan`` — admit in the order of a Sorted-F plan, while the future fits (the planner's own admission
   test, `tetri.planner.profile.KVProfile`, with M = capacity). `plan_order` lists the planned ids not
-  yet admitted; if the next one has not arrived the plan waits for it (the caller drops ids that failed).
+  yet admitted; one that has not arrived is skipped and takes its place in the order when it comes (a
+  prefill instance holds a prompt's KV until the decode instance pulls it, so waiting for a planned
+  request that is queued behind that KV would stall the decode instance, or deadlock an idle one).
 
 What a policy counts for a request is `predicted_total`: with a predicted range [lo, hi] (a length
 bucket, 200 tokens wide by default) it is one named point of the bucket — ``lower`` (lo), ``mid``
@@ -120,7 +122,7 @@ def _plan(
     for rid in order:
         w = by_id.get(rid)
         if w is None:
-            break  # the next planned request has not arrived: keep the planned order, wait for it
+            continue  # not here yet: it takes its place in the order when it comes (waiting could stall)
         if len(running) + len(out) >= max_running or not prof.fits(w.context, w.remaining, 0):
             break
         prof.add(len(running) + len(out), w.context, w.remaining, 0)

@@ -23,10 +23,9 @@ Roles (docs/sim-engine.md has the details and the figures):
   REMOTE, charged nowhere here). Each iteration: preempt the most recently admitted while the step would
   overflow the cache (recompute-style: it re-queues at the front and, when re-admitted, rebuilds its
   context within that step); admit with the decode policy (greedy / reserve-static / reserve-dynamic /
-  plan; an idle instance does not wait for a planned request that has not arrived, which could
-  deadlock). An admitted REMOTE request is **pulled** (`plan.pulled`): its KV is charged here from that
-  moment (the prefill instance may free it) and it joins the running batch when the shell says it has
-  `loaded`. Then one token per running request.
+  plan, in plan order among the requests that are here). An admitted REMOTE request is **pulled**
+  (`plan.pulled`): its KV is charged here from that moment (the prefill instance may free it) and it
+  joins the running batch when the shell says it has `loaded`. Then one token per running request.
 * ``colocated``: vLLM's default prefill-first schedule: if the admission policy lets waiting prompts in,
   a prefill iteration over them, whole and unpadded, up to ``prefill_budget`` (at least one; a
   preempted request re-prefills its prompt and output so far); otherwise one decode step.
@@ -296,8 +295,9 @@ class InstanceScheduler:
 
     def set_plan(self, order: Sequence[str]) -> None:
         """The planned admission order for the ``plan`` policy: ids not yet admitted (admitted ids are
-        ignored; admitted, finished and aborted ids leave the plan). The plan waits for a planned id that
-        has not arrived; waiting requests the plan does not name come after it."""
+        ignored; admitted, finished and aborted ids leave the plan). Planned requests are admitted in plan
+        order among those here (one that has not arrived takes its place when it comes); waiting requests
+        the plan does not name come after them."""
         kept = [
             rid
             for rid in dict.fromkeys(order)
@@ -593,21 +593,10 @@ class InstanceScheduler:
         by_id = {r.req.request_id: r for r in self._waiting}
         preempted = [r for r in self._waiting if r.recompute and r.req.request_id not in planned]
         rest = [r for r in self._waiting if not r.recompute and r.req.request_id not in planned]
-        in_plan: list[_Req] = []
-        for rid in self._plan_order:
-            r = by_id.get(rid)
-            if r is not None:
-                in_plan.append(r)
-                continue
-            # The plan waits for a planned id that has not arrived. An idle instance with none of the
-            # planned requests before it here could wait forever, though: that request may be stuck behind
-            # prefill KV held for the ones waiting here. Then the first planned request that is here goes
-            # first (one: as soon as anything runs, the plan waits again).
-            idle = not (self._running or self._loading or self._prefilling or preempted or in_plan)
-            if idle:
-                first = next((by_id[x] for x in self._plan_order if x in by_id), None)
-                return [first] if first is not None and room else []
-            return [*preempted, *in_plan][:room]
+        # Planned requests that are here, in plan order. The plan does not wait for one that has not
+        # arrived: it may be queued behind prefill KV held for the requests waiting here, so waiting could
+        # stall this instance (or, idle, deadlock it); it takes its place in the order when it comes.
+        in_plan = [by_id[rid] for rid in self._plan_order if rid in by_id]
         return [*preempted, *in_plan, *rest][:room]
 
     def _policy_admissions(self) -> list[_Req]:
