@@ -164,6 +164,7 @@ class WorkerService(rpc.WorkerServicer):
         self.decode_view = DecodeView(rng=random.Random(instance_id))
         self.jobs: dict[str, _DecodeJob] = {}  # decode: accepted requests
         self.generating: dict[str, asyncio.Queue[object]] = {}  # colocated: streams in progress
+        self.handing_over: dict[str, grpc.aio.UnaryUnaryCall[pb.AcceptRequest, pb.AcceptReply]] = {}  # prefill
         self.prefilling = 0  # prefill: Generate calls in progress
         self.state = "active"
         self.policies = PolicySet()
@@ -249,11 +250,21 @@ class WorkerService(rpc.WorkerServicer):
             await self.engine.release_kv(rid)
             yield pb.TokenChunk(request_id=rid, token_ids=[out.first_token], finished=True, finish_reason="length")
             return
-        yield pb.TokenChunk(request_id=rid, token_ids=[out.first_token])
-        kv = out.kv
+        try:  # from here the prompt's KV is held here until the hand-over ends, however it ends
+            async for chunk in self._hand_over(request, rid, out.first_token, out.kv):
+                yield chunk
+        finally:
+            await self.engine.release_kv(rid)
+
+    async def _hand_over(
+        self, request: pb.GenerateRequest, rid: str, first_token: int, kv: KVHandle
+    ) -> AsyncIterator[pb.TokenChunk]:
+        """The first token, then a decode instance takes the KV (Accept returns once its admission pulled
+        it), then the hand-off chunk; or the reason none did. `Cancel` meanwhile ends it with "abort"."""
+        yield pb.TokenChunk(request_id=rid, token_ids=[first_token])
         accept = pb.AcceptRequest(
             request=request,
-            first_token=out.first_token,
+            first_token=first_token,
             kv=pb.KVHandle(
                 request_id=rid,
                 num_tokens=kv.num_tokens,
@@ -264,29 +275,35 @@ class WorkerService(rpc.WorkerServicer):
         )
         refused: list[str] = []
         last_reason = ""
-        try:
-            for _ in range(ACCEPT_ATTEMPTS):  # a refusal (draining, flipping, gone) tries another instance
-                target = await self._target(request, frozenset(refused))
-                if target is None:
-                    break
-                decode_id, address = target
-                try:
-                    # Accept returns once the decode instance has taken the KV (its admission pulled it),
-                    # which may wait behind its queue: no deadline; cancelling this call drops it there.
-                    reply = await self.peers.worker(address).Accept(accept)
-                except grpc.aio.AioRpcError as e:
-                    reply = pb.AcceptReply(
-                        accepted=False, reason=f"decode instance {decode_id} unreachable: {e.code().name}"
-                    )
-                if reply.accepted:
-                    yield pb.TokenChunk(
-                        request_id=rid, handoff=pb.Handoff(decode_instance_id=decode_id, decode_address=address)
-                    )
+        for _ in range(ACCEPT_ATTEMPTS):  # a refusal (draining, flipping, gone) tries another instance
+            target = await self._target(request, frozenset(refused))
+            if target is None:
+                break
+            decode_id, address = target
+            # Accept returns once the decode instance has taken the KV (its admission pulled it), which may
+            # wait behind its queue: no deadline. Cancelling the call drops the request there too.
+            call = self.peers.worker(address).Accept(accept)
+            self.handing_over[rid] = call
+            try:
+                reply = await call
+            except grpc.aio.AioRpcError as e:
+                reply = pb.AcceptReply(
+                    accepted=False, reason=f"decode instance {decode_id} unreachable: {e.code().name}"
+                )
+            except asyncio.CancelledError:
+                if call.cancelled() and self.handing_over.get(rid) is None:  # our Cancel RPC did it
+                    yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="abort", error="aborted")
                     return
-                refused.append(decode_id)
-                last_reason = reply.reason
-        finally:
-            await self.engine.release_kv(rid)
+                raise
+            finally:
+                self.handing_over.pop(rid, None)
+            if reply.accepted:
+                yield pb.TokenChunk(
+                    request_id=rid, handoff=pb.Handoff(decode_instance_id=decode_id, decode_address=address)
+                )
+                return
+            refused.append(decode_id)
+            last_reason = reply.reason
         error = last_reason if refused else "no healthy decode instance to hand over to"
         yield _error_chunk(rid, error)
 
@@ -354,7 +371,9 @@ class WorkerService(rpc.WorkerServicer):
                 taken.set_result(str(e))
             job.queue.put_nowait(e)
             return
-        except asyncio.CancelledError:  # cancelled while the KV was still arriving: end the Attach stream
+        except asyncio.CancelledError:  # cancelled before the KV was taken or while it arrives: end both waits
+            if not taken.done():
+                taken.set_result(f"request {job.req.request_id} cancelled")
             job.queue.put_nowait(EngineError("aborted"))
             raise
         if not taken.done():
@@ -396,8 +415,11 @@ class WorkerService(rpc.WorkerServicer):
         stream = self.generating.get(rid)
         if stream is not None:  # the colocated stream ends with "abort", not as a short "stop"
             stream.put_nowait(EngineError("aborted"))
+        handover = self.handing_over.pop(rid, None)
+        if handover is not None:  # prefilled, waiting for a decode instance to pull the KV: stop that
+            handover.cancel()
         await self.engine.abort(rid)
-        return pb.CancelReply(found=job is not None or stream is not None)
+        return pb.CancelReply(found=job is not None or stream is not None or handover is not None)
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoReply:
         return pb.InfoReply(

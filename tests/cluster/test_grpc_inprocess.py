@@ -23,6 +23,7 @@ from tetri.clock import ScaledClock
 from tetri.costmodel import load_profile
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers, auth_metadata
+from tetri.scheduling.instance import Phase
 from workers.control import ControlLink, RegistrationRefused
 from workers.engines.sim import SimEngine, sim_token
 from workers.service import DecodeView, WorkerService, decode_loads
@@ -533,6 +534,40 @@ def test_prefill_holds_the_kv_until_the_decode_instance_pulls_it() -> None:
             assert max(held) >= 1000  # at least one prefilled prompt waited, held on the prefill side
             assert p1.service.load_report(0.0).held_kv_tokens == 0
             assert p1.engine.usage().kv_used_tokens == 0 and d1.engine.usage().kv_used_tokens == 0
+
+    _run(scenario)
+
+
+def test_cancel_while_the_decode_instance_has_not_pulled_the_kv() -> None:
+    # The decode instance is full: x waits there with its KV still on the prefill instance. Cancelling x on
+    # the prefill worker (as the daemon does: x is still in its prefill phase) ends the hand-over there and
+    # drops x on the decode side; a Cancel on the decode worker meanwhile ends a waiting Accept too.
+    async def scenario() -> None:
+        async with _worker("prefill", "p1", scale=0.5) as p1, _worker("decode", "d1", scale=0.5) as d1:
+            p1.service.decode_view.update(decode_loads(_broadcast(d1)))
+            for i in range(4):
+                assert (await d1.stub.Accept(_accept(f"big{i}", _prompt(1000, seed=i), 300))).accepted
+            call = p1.stub.Generate(_gen("x", _prompt(1000, seed=9), 50))
+            assert len((await call.read()).token_ids) == 1  # the first token
+            while "x" not in d1.engine.sched:
+                await asyncio.sleep(0.005)
+            assert d1.engine.sched.phase("x") is Phase.REMOTE
+            assert p1.engine.usage().held_tokens == 1000
+            assert (await p1.stub.Cancel(pb.CancelRequest(request_id="x"))).found
+            last = await asyncio.wait_for(call.read(), 5)
+            assert last.finished and last.finish_reason == "abort"
+            while "x" in d1.engine.sched:  # the cancelled Accept dropped it there
+                await asyncio.sleep(0.005)
+            assert p1.engine.usage().kv_used_tokens == 0
+
+            waiting = asyncio.ensure_future(d1.stub.Accept(_accept("y", _prompt(1000, seed=8), 100)))
+            while "y" not in d1.engine.sched:
+                await asyncio.sleep(0.005)
+            assert (await d1.stub.Cancel(pb.CancelRequest(request_id="y"))).found
+            reply = await asyncio.wait_for(waiting, 5)
+            assert not reply.accepted and "cancelled" in reply.reason
+            for i in range(4):
+                await d1.stub.Cancel(pb.CancelRequest(request_id=f"big{i}"))
 
     _run(scenario)
 

@@ -54,7 +54,6 @@ from .records import FlipRecord, InstanceRecord, RequestRecord, RunResult
 from .workloads import Request
 
 MODES = ("tetri", "vanilla")
-HEAVY_DECODE_THRESHOLD = HEAVY_DECODE  # dispatch's heavy/light split: predicted output > 128 tokens
 
 # Event kinds (the heap orders by time, then by a sequence number, so ties are deterministic).
 _ARRIVE, _DONE, _LOADED, _WATCH, _FLIPPED = range(5)
@@ -403,7 +402,7 @@ class _Sim:
             loads.append(
                 DecodeLoad(i.iid, u.kv_used_tokens, u.kv_capacity_tokens, u.heavy, u.light, u.predicted_growth_tokens)
             )
-        chosen = dispatch(self.policy.dispatch, loads, req.lo, self.rng, HEAVY_DECODE_THRESHOLD)
+        chosen = dispatch(self.policy.dispatch, loads, req.lo, self.rng, HEAVY_DECODE)
         if chosen is None:  # every decode instance is draining: the KV stays held until a flip ends
             self.undispatched.append(req)
             return

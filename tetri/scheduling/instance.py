@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 from tetri.costmodel import CostModel
 
-from .admission import Running, Waiting, admit, predicted_total
+from .admission import Running, Waiting, admit, predicted_total, remaining
 from .policyset import PolicySet
 from .prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
 
@@ -142,7 +142,6 @@ class _Req:
         "rid",
         "seq",
         "stop",
-        "target",
     )
 
     def __init__(self, req: SchedRequest, phase: Phase, produced: int, seq: int) -> None:
@@ -152,8 +151,7 @@ class _Req:
         self.phase = phase
         self.n_out = produced  # output tokens produced so far (token indices 0 … n_out − 1)
         self.kv = 0  # KV tokens charged to this instance
-        self.target = 0  # tokens the current prefill covers
-        self.filled = 0  # tokens of `target` prefilled so far
+        self.filled = 0  # tokens of its current prefill done so far (the prefill covers `kv` tokens)
         self.recompute = False  # decode: preempted, its context must be rebuilt when re-admitted
         self.seq = seq  # arrival order here: the prefill order's tie-break
         self.heavy = False
@@ -317,9 +315,6 @@ class InstanceScheduler:
         r = self._reqs.get(request_id)
         return None if r is None else r.phase
 
-    def produced(self, request_id: str) -> int:
-        return self._reqs[request_id].n_out
-
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._reqs
 
@@ -344,10 +339,6 @@ class InstanceScheduler:
             light=self._light,
             predicted_growth_tokens=self._growth,
         )
-
-    def kv_held_by(self) -> dict[str, int]:
-        """KV tokens charged here, per request (those holding none are left out)."""
-        return {rid: r.kv for rid, r in self._reqs.items() if r.kv}
 
     def check(self) -> None:
         """The KV invariants: used KV is the sum of what the requests here hold, and within capacity."""
@@ -401,7 +392,7 @@ class InstanceScheduler:
                 break  # back-pressure: the free cache (held KV included) cannot take the head's prompt
             self._waiting.popleft()
             r.phase = Phase.PREFILLING
-            r.target = r.kv = r.req.prompt_len
+            r.kv = r.req.prompt_len
             r.filled = 0
             self._used += r.kv
             self._prefilling[r.req.request_id] = r
@@ -435,7 +426,7 @@ class InstanceScheduler:
                 continue
             r.filled += piece.tokens
             self.prompt_tokens_processed += piece.tokens
-            if r.filled < r.target:
+            if r.filled < r.kv:
                 continue
             del self._prefilling[piece.request_id]
             tokens.append((piece.request_id, r.n_out))
@@ -465,7 +456,7 @@ class InstanceScheduler:
                 break
             self._take_waiting(r)
             r.phase = Phase.PREFILLING
-            r.target = r.kv = need
+            r.kv = need
             r.filled = 0
             self._used += need
             if r.n_out > 0:
@@ -572,14 +563,11 @@ class InstanceScheduler:
 
     # --- admission (decode and colocated roles) -------------------------------------------------------
 
-    def remaining(self, r: _Req) -> int:
-        """Predicted tokens still to produce (≥ 1), each one more KV slot; colocated: the token a pending
-        prefill produces takes no slot, so a request not decoding yet needs one fewer."""
-        total = predicted_total(r.req.predicted, r.req.max_tokens, self.policies.reserve_point)
-        left = total - r.n_out
-        if self.role == "colocated" and r.phase is not Phase.RUNNING:
-            left -= 1
-        return max(1, left)
+    def _remaining(self, r: _Req) -> int:
+        """Predicted tokens still to produce (`admission.remaining`); colocated: the token a pending
+        prefill produces takes no KV slot, so a request not decoding yet needs one fewer."""
+        pending = self.role == "colocated" and r.phase is not Phase.RUNNING
+        return remaining(r.req.predicted, r.req.max_tokens, r.n_out + pending, self.policies.reserve_point)
 
     def _waiting_context(self, r: _Req) -> int:
         if self.role == "colocated":
@@ -620,8 +608,8 @@ class InstanceScheduler:
         holding = itertools.chain(self._prefilling.values(), self._loading.values(), self._running)
         ids = admit(
             policy,
-            [Running(r.req.request_id, r.kv, self.remaining(r)) for r in holding],
-            [Waiting(r.req.request_id, self._waiting_context(r), self.remaining(r)) for r in fit],
+            [Running(r.req.request_id, r.kv, self._remaining(r)) for r in holding],
+            [Waiting(r.req.request_id, self._waiting_context(r), self._remaining(r)) for r in fit],
             self.capacity,
             self.max_num_seqs,
             [r.req.request_id for r in fit] if policy == "plan" else None,

@@ -58,7 +58,7 @@ def sim_token(prompt_token_ids: Sequence[int], index: int, vocab_size: int) -> i
 class _Seq:
     """The engine's side of a request: how its caller is told (the scheduler holds its state)."""
 
-    __slots__ = ("error", "future", "key", "pulled", "queue", "req")
+    __slots__ = ("future", "key", "pulled", "queue", "req")
 
     def __init__(self, req: EngineRequest) -> None:
         self.req = req
@@ -66,7 +66,6 @@ class _Seq:
         self.queue: asyncio.Queue[int | EngineError | None] | None = None  # decode/colocated: tokens
         self.future: asyncio.Future[PrefillOutput] | None = None  # prefill: first token + KV handle
         self.pulled: asyncio.Future[None] | None = None  # decode: admission pulled the KV
-        self.error: EngineError | None = None
 
 
 @dataclass(frozen=True)
@@ -344,7 +343,6 @@ class SimEngine(Engine):
         self.sched.abort(rid)
         if self._seqs.get(rid) is seq:
             del self._seqs[rid]
-        seq.error = error
         if seq.queue is not None:
             seq.queue.put_nowait(None if quiet else error)
         for fut in (seq.future, seq.pulled):

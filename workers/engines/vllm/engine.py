@@ -371,7 +371,12 @@ class VllmEngine(Engine):
         ]
         policy = self.policies.decode_admission
         cap = self.kv_capacity or (1 << 30)
-        chosen = admit(policy, running, waiting, cap, self.options.max_num_seqs, plan_order=self._plan)
+        order = None
+        if policy == "plan":  # as the instance scheduler: planned ones here in plan order, then the others
+            queued = set(self._decode_waiting)
+            planned = [rid for rid in self._plan if rid in queued]
+            order = [*planned, *(rid for rid in self._decode_waiting if rid not in set(planned))]
+        chosen = admit(policy, running, waiting, cap, self.options.max_num_seqs, plan_order=order)
         for rid in chosen:
             self._decode_waiting.remove(rid)
             if rid in self._plan:
@@ -429,6 +434,8 @@ class VllmEngine(Engine):
         self._prefill_queue.remove(request_id)
         self._params.pop(request_id, None)
         self._loaded.pop(request_id, None)
+        if request_id in self._plan:
+            self._plan.remove(request_id)
         if self._llm is not None:
             await self._llm.abort(request_id)
 
