@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -86,6 +87,8 @@ def _live(reqs: Sequence[Request], config: ClusterConfig) -> Trace:
             engines = [engine(role, iid) for role, iid in roles]
             for e in engines:
                 await e.start()
+                if e.role != "prefill" and config.plan_order:
+                    e.set_plan(config.plan_order)
             await asyncio.gather(*(client(r, engines) for r in reqs))
             for e in engines:
                 await e.stop()
@@ -119,6 +122,10 @@ TETRI = ClusterConfig(mode="tetri", profile=PROFILE, instances=2, prefill_instan
 def test_simulator_and_live_engines_make_the_same_iterations_disaggregated(workload: str, policy: PolicySet):
     reqs = _workload(workload, 48, rate=4.0, seed=3)
     config = dataclasses.replace(TETRI, policy=policy)
+    if policy.decode_admission == "plan":  # a plan admission order unlike arrival order, some ids not sent
+        order = [r.request_id for r in reqs]
+        random.Random(1).shuffle(order)
+        config = dataclasses.replace(config, plan_order=(*order[:40], "never-sent"))
     sim = _simulated(reqs, config)
     assert sum(len(p.pulled) for _, p in sim["d1"]) == len(reqs)  # every request was pulled once
     _assert_same(_live(reqs, config), sim)

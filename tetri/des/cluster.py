@@ -75,6 +75,7 @@ class ClusterConfig:
     prefill_batch_tokens: int | None = None  # whole-prompt budget; None: max(max_model_len, profile's)
     watch_interval_s: float = 1.0
     flip_cost_s: float = 0.0  # assumed: a role change reuses the loaded weights
+    plan_order: tuple[str, ...] = ()  # `plan` admission's order, loaded on every decode/colocated instance
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -227,9 +228,12 @@ class _Sim:
             self._push(config.watch_interval_s, _WATCH, None)
 
     def _scheduler(self, role: str) -> InstanceScheduler:
-        return InstanceScheduler(
+        sched = InstanceScheduler(
             role, self.cost, self.policy, chunked=self.cfg.chunked, prefill_budget=self.cfg.prefill_batch_tokens
         )
+        if role != "prefill" and self.cfg.plan_order:
+            sched.set_plan(self.cfg.plan_order)
+        return sched
 
     def _validate(self, r: Request) -> None:
         m = self.profile.model.max_model_len
