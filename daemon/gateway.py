@@ -47,6 +47,16 @@ class Failed:
 
 
 @dataclass
+class Refused:
+    """An entry instance started nothing (draining, flipping, another role now): serve it elsewhere."""
+
+    reason: str
+
+
+ENTRY_ATTEMPTS = 3  # entry instances tried when they refuse before starting anything
+
+
+@dataclass
 class Inflight:
     id: str
     prompt_tokens: int
@@ -99,8 +109,8 @@ class Gateway:
         lens = [i.max_model_len for i in self.cluster.instances.values() if i.max_model_len]
         return min(lens) if lens else None
 
-    def pick_entry(self) -> Instance:
-        candidates = self.entry_instances()
+    def pick_entry(self, exclude: frozenset[str] = frozenset()) -> Instance:
+        candidates = [i for i in self.entry_instances() if i.id not in exclude]
         if not candidates or (candidates[0].role == "prefill" and not self.cluster.healthy("decode")):
             raise NoInstance("no healthy instance can serve the request (need prefill + decode, or colocated)")
         pick = least_loaded([i.snapshot() for i in candidates])
@@ -226,26 +236,32 @@ class Gateway:
     async def _serve(
         self, fl: Inflight, prompt_ids: list[int], pin: str | None = None
     ) -> AsyncIterator[Tokens | Finished | Failed]:
-        try:
-            entry = self.pick_entry()
-        except NoInstance as e:
-            yield Failed(str(e))
-            return
-        self._serve_on(fl, entry)
-        fl.prefill_instance = entry.id
-        self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=self.clock.now())
-        stream = self.workers.generate(entry.address, fl.id, prompt_ids, fl.max_tokens, fl.predicted, pin or "")
+        refused: list[str] = []
         handoff: Handoff | None = None
-        async for ev in self._stream(fl, entry.id, stream):
-            if isinstance(ev, Handoff):
-                handoff = ev
-                break
-            yield ev
-            if not isinstance(ev, Tokens):
+        while handoff is None:
+            try:
+                entry = self.pick_entry(frozenset(refused))
+            except NoInstance as e:
+                yield Failed(f"{e}; refused by {', '.join(refused)}" if refused else str(e))
                 return
-        if handoff is None:
-            yield Failed(f"instance {entry.id} ended the stream without a result")
-            return
+            self._serve_on(fl, entry)
+            fl.prefill_instance = entry.id
+            self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=self.clock.now())
+            stream = self.workers.generate(entry.address, fl.id, prompt_ids, fl.max_tokens, fl.predicted, pin or "")
+            async for ev in self._stream(fl, entry.id, stream):
+                if isinstance(ev, Handoff):
+                    handoff = ev
+                    break
+                if isinstance(ev, Refused) and len(refused) < ENTRY_ATTEMPTS - 1:
+                    # it started nothing (it began draining after we chose it, or changed role): elsewhere
+                    refused.append(entry.id)
+                    break
+                yield ev if not isinstance(ev, Refused) else Failed(f"instance {entry.id}: {ev.reason}")
+                if not isinstance(ev, Tokens):
+                    return
+            else:
+                yield Failed(f"instance {entry.id} ended the stream without a result")
+                return
         decode = self.cluster.instances.get(handoff.decode_instance_id)
         fl.decode_instance = handoff.decode_instance_id
         self._phase(fl, Phase.TRANSFER, decode_instance=handoff.decode_instance_id)
@@ -259,13 +275,16 @@ class Gateway:
             if isinstance(ev, Handoff):
                 yield Failed("decode instance tried to hand over again")
                 return
+            if isinstance(ev, Refused):
+                yield Failed(f"instance {handoff.decode_instance_id}: {ev.reason}")
+                return
             yield ev
             if not isinstance(ev, Tokens):
                 return
 
     async def _stream(
         self, fl: Inflight, name: str, call: AsyncGenerator[TokenChunk, None]
-    ) -> AsyncIterator[Tokens | Finished | Failed | Handoff]:
+    ) -> AsyncIterator[Tokens | Finished | Failed | Handoff | Refused]:
         """Follow one worker stream (`name`: the instance serving it) until it ends or hands over."""
         last = self.clock.now()
         try:
@@ -295,6 +314,8 @@ class Gateway:
                         self._update(fl, kv_loaded_tokens=chunk.kv_loaded_tokens)
                     if chunk.finish_reason == "abort" or fl.cancelled:  # however the worker reports the abort
                         yield Finished("cancelled", fl.produced)
+                    elif chunk.finish_reason == "refused" and fl.produced == 0:
+                        yield Refused(chunk.error)
                     elif chunk.finish_reason == "error":
                         yield Failed(f"instance {name}: {chunk.error}")
                     else:

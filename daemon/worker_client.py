@@ -42,7 +42,7 @@ class TokenChunk:
     request_id: str
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
-    finish_reason: str = ""  # "length" | "stop" | "abort" | "error"
+    finish_reason: str = ""  # "length" | "stop" | "abort" | "error" | "refused" (nothing done: retry elsewhere)
     handoff: Handoff | None = None
     error: str = ""
     kv_loaded_tokens: int = 0  # decode worker's last chunk: prompt tokens whose KV came with the hand-over; -1 unknown

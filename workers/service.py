@@ -145,6 +145,12 @@ def _error_chunk(rid: str, error: str) -> pb.TokenChunk:
     return pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=error)
 
 
+def _refused_chunk(rid: str, reason: str) -> pb.TokenChunk:
+    """The only chunk of a request this instance will not start (draining, flipping, another role now):
+    nothing was done, so the caller can send it elsewhere."""
+    return pb.TokenChunk(request_id=rid, finished=True, finish_reason="refused", error=reason)
+
+
 class WorkerService(rpc.WorkerServicer):
     def __init__(
         self,
@@ -204,7 +210,7 @@ class WorkerService(rpc.WorkerServicer):
     ) -> AsyncIterator[pb.TokenChunk]:
         req = self._req(request)
         if self.state != "active":
-            yield _error_chunk(req.request_id, f"instance {self.instance_id} is {self.state}")
+            yield _refused_chunk(req.request_id, f"instance {self.instance_id} is {self.state}")
             return
         if self.role == "colocated":
             queue: asyncio.Queue[object] = asyncio.Queue()
@@ -220,7 +226,7 @@ class WorkerService(rpc.WorkerServicer):
                     await self.engine.abort(req.request_id)
             return
         if self.role != "prefill":
-            yield _error_chunk(req.request_id, f"instance {self.instance_id} is a {self.role} instance")
+            yield _refused_chunk(req.request_id, f"instance {self.instance_id} is a {self.role} instance")
             return
         self.prefilling += 1
         try:

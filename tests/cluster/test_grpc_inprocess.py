@@ -656,10 +656,16 @@ def test_role_checks_accept_generate_info() -> None:
                 assert node.service.role in reply.reason
                 assert node.service.jobs == {}
 
+            # Generate on an instance that will not start it: "refused" (nothing done, the daemon tries
+            # another entry instance), as when an instance began draining after the daemon chose it.
             chunks = await _collect(d1.stub.Generate(_gen("g", _prompt(8), 4)))
             assert len(chunks) == 1
-            assert chunks[0].finish_reason == "error"
+            assert chunks[0].finish_reason == "refused"
             assert "decode" in chunks[0].error
+            p1.service.state = "draining"
+            chunks = await _collect(p1.stub.Generate(_gen("g", _prompt(8), 4)))
+            assert [(c.finish_reason, "draining" in c.error) for c in chunks] == [("refused", True)]
+            p1.service.state = "active"
 
             assert (await d1.stub.Accept(_accept("dup", _prompt(8), 4))).accepted
             again = await d1.stub.Accept(_accept("dup", _prompt(8), 4))

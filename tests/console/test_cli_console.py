@@ -133,6 +133,10 @@ def test_policy_and_flip_policy(cluster: LiveCluster):
     assert ok_json(cluster, "policy", "show")["policies"]["chunk_size"] == 256
     fails(ctl(cluster, "policy", "set", "--chunk", "0"), exitcodes.USAGE, "chunk_size")
     fails(ctl(cluster, "policy", "set", "--decode", "bogus"), exitcodes.USAGE, "decode_admission")
+    fails(ctl(cluster, "policy", "set", "--reserve-point", "top"), exitcodes.USAGE, "reserve_point")
+    point = ok_json(cluster, "policy", "set", "--reserve-point", "mid")
+    assert point["changed"] == ["reserve_point"]
+    assert ok_json(cluster, "policy", "show")["policies"]["reserve_point"] == "mid"
     fails(ctl(cluster, "policy", "set"), exitcodes.USAGE, "nothing to set")
     assert ok_json(cluster, "policy", "show")["policies"]["chunk_size"] == 256  # state unchanged by the refusals
     hist = ok_json(cluster, "policy", "history")["changes"]
