@@ -51,6 +51,12 @@ def predicted_total(predicted: tuple[int, int] | None, max_tokens: int, point: s
     return max(1, min(total, max_tokens))
 
 
+def predicted_growth(predicted: tuple[int, int] | None, max_tokens: int, produced: int, point: str = "lower") -> int:
+    """Tokens a request is still predicted to add to its KV, for dispatch's load (0 without a prediction:
+    nothing is known, unlike admission, which then reserves up to max_tokens)."""
+    return 0 if predicted is None else max(0, predicted_total(predicted, max_tokens, point) - produced)
+
+
 def remaining(predicted: tuple[int, int] | None, max_tokens: int, produced: int, point: str = "lower") -> int:
     """Predicted tokens still to produce (≥ 1): each one is one more KV slot."""
     return max(1, predicted_total(predicted, max_tokens, point) - produced)

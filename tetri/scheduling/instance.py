@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 from tetri.costmodel import CostModel
 
-from .admission import Running, Waiting, admit, predicted_total, remaining
+from .admission import Running, Waiting, admit, predicted_growth, remaining
 from .policyset import PolicySet
 from .prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
 
@@ -634,9 +634,9 @@ class InstanceScheduler:
 
     def _set_growth(self, r: _Req) -> None:
         """This request's share of the predicted growth dispatch reads (none without a prediction)."""
-        if self.role != "decode" or r.req.predicted is None:
+        if self.role != "decode":
             return
-        new = max(0, predicted_total(r.req.predicted, r.req.max_tokens, self.policies.reserve_point) - r.n_out)
+        new = predicted_growth(r.req.predicted, r.req.max_tokens, r.n_out, self.policies.reserve_point)
         self._growth += new - r.growth
         r.growth = new
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tetri.scheduling.admission import Running, Waiting, admit, predicted_total, remaining
+from tetri.scheduling.admission import Running, Waiting, admit, predicted_growth, remaining
 from tetri.scheduling.instance import is_heavy
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import FixedBatchPrefill, PrefillItem
@@ -448,9 +448,8 @@ class VllmEngine(Engine):
         heavy = sum(1 for d in self._decodes.values() if is_heavy(d.req.predicted_output))
         point = self.policies.reserve_point
         growth = sum(
-            max(0, predicted_total(d.req.predicted_output, d.req.max_tokens, point) - 1 - d.produced)
+            predicted_growth(d.req.predicted_output, d.req.max_tokens, 1 + d.produced, point)
             for d in self._decodes.values()
-            if d.req.predicted_output is not None
         )
         return EngineUsage(
             kv_capacity_tokens=self.kv_capacity,
