@@ -16,31 +16,43 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tetri.clock import ClusterClock
 from tetri.config import DaemonSettings
 
 from .api import admin, openai
-from .api.schemas import error_body
+from .api.guard import BodyGuard, documented_openapi, validation_param
+from .api.schemas import error_body, errors
 from .cluster import Cluster, Instance
 from .db.store import Store, make_engine, migrate
 from .db.writer import BatchWriter
 from .flips import Flipper
 from .gateway import Gateway, new_request_id
-from .grpc_edge import start_control_plane
+from .grpc_edge import ControlPlaneServer, Tls, bind_control_plane, start_control_plane
 from .metrics import Metrics
 from .predictor_service import PredictorService
+from .worker_client import WorkerClient
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI:
+def create_app(
+    settings: DaemonSettings,
+    mode: str = "disaggregated",
+    grpc_server: ControlPlaneServer | None = None,
+) -> FastAPI:
+    """The daemon's app. `grpc_server`: the ControlPlane's server already bound (`bind_control_plane`),
+    so a port in use fails before anything starts; None binds it at start-up."""
+    tls = Tls(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        server = grpc_server or bind_control_plane(settings.grpc_host, settings.grpc_port, settings.grpc_token(), tls)
         url = settings.database_url()
         await asyncio.to_thread(migrate, url)
         store = Store(make_engine(url))
@@ -50,20 +62,37 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
         await writer.start()
         cluster = Cluster(
-            settings.report_interval_s, settings.unhealthy_after, writer, settings.load_sample_every, clock
+            settings.report_interval_s,
+            settings.unhealthy_after,
+            writer,
+            settings.load_sample_every,
+            clock,
+            dead_after_s=settings.dead_after_s,
         )
-        predictor = PredictorService(store, clock.now)
-        gateway = Gateway(cluster, writer, metrics, settings.model, predictor)
+        predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
+        gateway = Gateway(
+            cluster,
+            writer,
+            metrics,
+            settings.model,
+            predictor,
+            workers=WorkerClient(settings.grpc_token(), tls),
+            max_migrations=settings.max_migrations,
+            migration_wait_s=settings.migration_wait_s,
+            store_prompt_samples=settings.store_prompt_samples,
+        )
         metrics.watch_predictor(predictor)
 
         def on_register(inst: Instance) -> None:
             _record_instance(store, inst, clock.now())
 
-        server, grpc_port = await start_control_plane(
-            cluster, settings.grpc_host, settings.grpc_port, settings.token, on_register
-        )
+        def on_removed(inst: Instance) -> None:
+            _record_gone(store, inst.id)
+
+        cluster.on_removed = on_removed
+        await start_control_plane(server, cluster, on_register)
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
-        app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, grpc_port, recovered
+        app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, server.port, recovered
         flipper = Flipper(cluster, gateway.workers, store)
         app.state.flipper = flipper
         monitor = asyncio.create_task(cluster.monitor())
@@ -86,6 +115,8 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
             store.close()
 
     app = FastAPI(title="Tetri daemon", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyGuard, max_bytes=settings.max_request_bytes)
+    app.openapi = lambda: documented_openapi(app)  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.mode = mode
     app.state.started = time.monotonic()
@@ -110,20 +141,29 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
         if err.get("type") == "json_invalid":
             param, msg = None, "malformed JSON body"
         else:
-            param = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or None
-            msg = f"{param or 'body'}: {err['msg']}"
+            param = validation_param(err.get("loc", ()))
+            why = "not a field this server supports" if err.get("type") == "extra_forbidden" else err["msg"]
+            msg = f"{param or 'body'}: {why}"
         gw = getattr(app.state, "gateway", None)
         if gw is not None and request.url.path == "/v1/completions":
             gw.record_rejected(new_request_id(), msg)
         return JSONResponse(error_body(msg, "BadRequestError", param), status_code=400)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 409: "ConflictError"}.get(
-            exc.status_code, "APIError"
-        )
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {
+            400: "BadRequestError",
+            401: "AuthenticationError",
+            404: "NotFoundError",
+            405: "MethodNotAllowedError",
+            409: "ConflictError",
+        }.get(exc.status_code, "APIError")
         detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
-        return JSONResponse(error_body(str(detail["message"]), kind, detail.get("param")), status_code=exc.status_code)
+        return JSONResponse(
+            error_body(str(detail["message"]), kind, detail.get("param")),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
@@ -133,15 +173,30 @@ def create_app(settings: DaemonSettings, mode: str = "disaggregated") -> FastAPI
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses=errors(503))
     async def readyz(request: Request) -> JSONResponse:
         gw: Gateway | None = getattr(request.app.state, "gateway", None)
-        ready = gw is not None and bool(
-            gw.cluster.healthy("colocated") or (gw.cluster.healthy("prefill") and gw.cluster.healthy("decode"))
+        ready = (
+            gw is not None
+            and not gw.draining
+            and bool(
+                gw.cluster.healthy("colocated") or (gw.cluster.healthy("prefill") and gw.cluster.healthy("decode"))
+            )
         )
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     return app
+
+
+def _record_gone(store: Store, instance_id: str) -> None:
+    def write() -> None:
+        store.set_instance_state(instance_id, "gone")
+
+    def done(fut: asyncio.Future[None]) -> None:
+        if fut.exception() is not None:
+            log.error("recording instance %s gone failed: %s", instance_id, fut.exception())
+
+    asyncio.get_running_loop().run_in_executor(None, write).add_done_callback(done)
 
 
 def _record_instance(store: Store, inst: Instance, registered_ts: float) -> None:

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tetri.clock import ClusterClock
@@ -59,6 +60,7 @@ class Registration:
     model: str
     max_model_len: int
     kv_capacity_tokens: int
+    vocab_size: int = 0  # 0: unknown (then token ids are only checked against int32)
 
     def refusal(self) -> str | None:
         """Why the daemon refuses this registration (None: it accepts it)."""
@@ -94,6 +96,7 @@ class Instance:
     model: str
     max_model_len: int
     kv_capacity_tokens: int
+    vocab_size: int = 0
     state: str = "active"  # active | draining | flipping | unhealthy
     last_report: float = 0.0  # cluster clock of the last report (or of the registration)
     load: LoadReport = field(default_factory=LoadReport)
@@ -149,6 +152,7 @@ class Cluster:
         writer: BatchWriter | None = None,
         sample_every: int = 10,
         clock: ClusterClock | None = None,
+        dead_after_s: float = 10.0,
     ) -> None:
         self.instances: dict[str, Instance] = {}
         self.report_interval_s = report_interval_s
@@ -158,13 +162,24 @@ class Cluster:
         self.clock = clock or ClusterClock()
         self.policies = PolicySet()
         self.policy_version = 0
+        self.dead_after_s = dead_after_s
+        self.on_removed: Callable[[Instance], None] | None = None
 
     def instance_dicts(self) -> list[dict[str, object]]:
         now = self.clock.now()
         return [i.to_dict(now) for i in self.instances.values()]
 
     # --- registry ---------------------------------------------------------------------------------
+    def refusal(self, reg: Registration) -> str | None:
+        """Why this registration is refused: malformed, or its id is held by another live worker (one
+        at another address that has not gone unhealthy). A worker re-registering itself is accepted."""
+        old = self.instances.get(reg.instance_id)
+        if old is not None and old.address != reg.address and old.state != "unhealthy":
+            return f"instance id {reg.instance_id!r} is held by a live worker at {old.address}"
+        return reg.refusal()
+
     def register(self, reg: Registration) -> Instance:
+        """Add (or renew) an instance; call `refusal` first."""
         inst = Instance(
             reg.instance_id,
             reg.role,
@@ -172,6 +187,7 @@ class Cluster:
             reg.model,
             reg.max_model_len,
             reg.kv_capacity_tokens,
+            reg.vocab_size,
             last_report=self.clock.now(),
         )
         old = self.instances.get(reg.instance_id)
@@ -180,10 +196,11 @@ class Cluster:
         self.instances[inst.id] = inst
         return inst
 
-    def report(self, msg: LoadReport) -> None:
+    def report(self, msg: LoadReport) -> bool:
+        """Take a load report; False when the instance is not registered (removed as dead)."""
         inst = self.instances.get(msg.instance_id)
         if inst is None:
-            return
+            return False
         inst.load = msg
         inst.last_report = self.clock.now()
         inst.reports += 1
@@ -206,19 +223,36 @@ class Cluster:
                     }
                 ]
             )
+        return True
 
     def check_health(self, now: float | None = None) -> list[str]:
-        """Mark instances that missed `unhealthy_after` reports; returns the ids newly marked. `now` is
+        """Mark instances that missed `unhealthy_after` reports; returns the ids newly marked. Instances
+        silent for `dead_after_s` (wall) are removed from the registry (`on_removed` is told). `now` is
         the cluster clock."""
         now = self.clock.now() if now is None else now
         limit = self.clock.model_seconds(self.unhealthy_after * self.report_interval_s)
+        dead = self.clock.model_seconds(self.dead_after_s)
         marked = []
-        for inst in self.instances.values():
-            if inst.state != "unhealthy" and now - inst.last_report > limit:
+        for inst in list(self.instances.values()):
+            silent = now - inst.last_report
+            if silent > dead:
+                del self.instances[inst.id]
+                log.warning("instance %s silent for %.1f s: removed", inst.id, self.dead_after_s)
+                if self.on_removed is not None:
+                    self.on_removed(inst)
+            elif inst.state != "unhealthy" and silent > limit:
                 inst.state = "unhealthy"
                 marked.append(inst.id)
                 log.warning("instance %s missed %d reports: unhealthy", inst.id, self.unhealthy_after)
         return marked
+
+    def suspect(self, instance_id: str) -> None:
+        """A call to this instance failed at the transport (it died or is unreachable): route nothing
+        more to it until it reports again."""
+        inst = self.instances.get(instance_id)
+        if inst is not None and inst.state != "unhealthy":
+            inst.state = "unhealthy"
+            log.warning("instance %s failed a call: unhealthy until it reports again", instance_id)
 
     def healthy(self, *roles: str) -> list[Instance]:
         return [i for i in self.instances.values() if i.role in roles and i.state == "active"]

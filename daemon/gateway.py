@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -27,6 +29,8 @@ from .db.writer import BatchWriter
 from .metrics import Metrics
 from .predictor_service import PROMPT_SAMPLE, PredictorService
 from .worker_client import Handoff, TokenChunk, WorkerCallError, WorkerClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,6 +48,14 @@ class Finished:
 class Failed:
     message: str
     status: Status = Status.FAILED
+
+
+@dataclass
+class Lost:
+    """The instance serving the request died or became unreachable mid-stream: migrate the request."""
+
+    instance_id: str
+    message: str
 
 
 @dataclass
@@ -72,6 +84,11 @@ class Inflight:
     predicted: tuple[int, int] | None = None
     serving: tuple[str, str] | None = None  # (instance id, address) currently producing tokens
     timeline: list[tuple[str, float]] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)  # tokens streamed so far (a migration re-prefills them)
+    migrations: int = 0
+    migrated_from: list[str] = field(default_factory=list)
+    interrupted: str | None = None  # why the daemon ended it (shutdown): the row says `interrupted`
+    prompt_head: list[int] | None = None  # the predictor's features, kept in memory
 
 
 class NoInstance(RuntimeError):
@@ -90,20 +107,35 @@ class Gateway:
         metrics: Metrics,
         model: str,
         predictor: PredictorService | None = None,
+        *,
+        workers: WorkerClient | None = None,
+        max_migrations: int = 3,
+        migration_wait_s: float = 30.0,
+        store_prompt_samples: bool = False,
     ) -> None:
         self.predictor = predictor
+        self.max_migrations = max_migrations
+        self.migration_wait_s = migration_wait_s
+        self.store_prompt_samples = store_prompt_samples
+        self.draining = False
         self.cluster = cluster
         self.writer = writer
         self.metrics = metrics
         self.model = model
         self.clock = cluster.clock
-        self.workers = WorkerClient()
+        self.workers = workers or WorkerClient()
         self.inflight: dict[str, Inflight] = {}
+        self.reserved: set[str] = set()  # client-chosen ids being checked against the status table
 
     # --- routing -----------------------------------------------------------------------------------
     def entry_instances(self) -> list[Instance]:
         colocated = self.cluster.healthy("colocated")
         return colocated if colocated else self.cluster.healthy("prefill")
+
+    def vocab_size(self) -> int | None:
+        """The smallest vocabulary among the registered instances (None: none says)."""
+        sizes = [i.vocab_size for i in self.cluster.instances.values() if i.vocab_size]
+        return min(sizes) if sizes else None
 
     def max_model_len(self) -> int | None:
         lens = [i.max_model_len for i in self.cluster.instances.values() if i.max_model_len]
@@ -155,6 +187,7 @@ class Gateway:
         fl = Inflight(rid, len(prompt_ids), max_tokens, now, timeline=[("queued", now)])
         if self.predictor is not None:
             fl.predicted = self.predictor.predict(self.cluster.policies, prompt_ids, rid, max_tokens)
+            fl.prompt_head = prompt_ids[:PROMPT_SAMPLE]
         self.inflight[rid] = fl
         self.writer.submit_request_insert(
             id=rid,
@@ -168,7 +201,7 @@ class Gateway:
             sla_jct_ms=sla_jct_ms,
             predicted_lo=fl.predicted[0] if fl.predicted else None,
             predicted_hi=fl.predicted[1] if fl.predicted else None,
-            prompt_sample=json.dumps(prompt_ids[:PROMPT_SAMPLE]),
+            prompt_sample=json.dumps(prompt_ids[:PROMPT_SAMPLE]) if self.store_prompt_samples else None,
         )
         end: Finished | Failed | None = None
         try:
@@ -179,7 +212,10 @@ class Gateway:
                     end = ev
                     break
         except asyncio.CancelledError:
-            end = Failed("client disconnected", Status.CANCELLED)
+            if fl.interrupted:
+                end = Failed(fl.interrupted, Status.INTERRUPTED)
+            else:
+                end = Failed("client disconnected", Status.CANCELLED)
             raise
         finally:
             end = end or Failed("stream ended without a result")
@@ -195,7 +231,7 @@ class Gateway:
         if isinstance(end, Finished):
             status = Status.CANCELLED if end.reason == "cancelled" else Status.FINISHED
             if status == Status.FINISHED and self.predictor is not None:
-                self.predictor.observe(fl.predicted, fl.produced)
+                self.predictor.observe(fl.predicted, fl.produced, fl.prompt_head)
             self._update(
                 fl,
                 phase=Phase.DONE.value,
@@ -216,7 +252,7 @@ class Gateway:
                 finished_ts=now,
                 jct_ms=jct_ms,
                 output_tokens=fl.produced,
-                finish_reason="error" if end.status == Status.FAILED else "cancelled",
+                finish_reason="cancelled" if end.status == Status.CANCELLED else "error",
                 error=end.message[:500],
             )
             self.metrics.requests.labels(status=end.status).inc()
@@ -236,18 +272,81 @@ class Gateway:
     async def _serve(
         self, fl: Inflight, prompt_ids: list[int], pin: str | None = None
     ) -> AsyncIterator[Tokens | Finished | Failed]:
+        """Run the request, migrating it when the instance serving it is lost: before its first token it
+        starts again on another entry instance; later, the prompt plus the tokens already streamed is
+        prefilled again and the stream continues where it stopped (nothing repeated, nothing skipped)."""
+        while True:
+            lost: Lost | None = None
+            async for ev in self._attempt(fl, prompt_ids + fl.output, pin):
+                if isinstance(ev, Lost):
+                    lost = ev
+                    break
+                yield ev
+                if not isinstance(ev, Tokens):
+                    return
+            if lost is None:
+                yield Failed("stream ended without a result")
+                return
+            if fl.interrupted:
+                yield Failed(fl.interrupted, Status.INTERRUPTED)
+                return
+            if fl.cancelled:
+                yield Finished("cancelled", fl.produced)
+                return
+            self.cluster.suspect(lost.instance_id)
+            if fl.produced >= fl.max_tokens:  # the last token arrived, its end did not
+                yield Finished("length", fl.produced)
+                return
+            if fl.migrations >= self.max_migrations:
+                yield Failed(f"{lost.message} (not migrated: {fl.migrations} of {self.max_migrations} tries used)")
+                return
+            fl.migrations += 1
+            fl.migrated_from.append(lost.instance_id)
+            pin = None if pin == lost.instance_id else pin
+            self._update(fl, migrations=fl.migrations, migrated_from=",".join(fl.migrated_from)[-256:])
+            self.metrics.migrations.inc()
+            log.warning(
+                "request %s: %s; migrating after %d tokens (try %d)", fl.id, lost.message, fl.produced, fl.migrations
+            )
+
+    async def _entry(self, fl: Inflight, exclude: frozenset[str]) -> Instance | str:
+        """The entry instance for this attempt, or why there is none. A migrating request waits up to
+        `migration_wait_s` for one (a worker restarting); a new request does not wait."""
+        deadline = time.monotonic() + (self.migration_wait_s if fl.migrations else 0.0)
+        while True:
+            try:
+                return self.pick_entry(exclude)
+            except NoInstance as e:
+                if time.monotonic() >= deadline or fl.cancelled:
+                    return str(e)
+            await asyncio.sleep(0.05)
+
+    async def _attempt(
+        self, fl: Inflight, prompt: list[int], pin: str | None
+    ) -> AsyncIterator[Tokens | Finished | Failed | Lost]:
+        """One try on one entry instance (and the decode instance it hands over to). `prompt` ends with
+        the output tokens already streamed when the request is migrating."""
+        resumed = len(fl.output)
+        max_tokens = fl.max_tokens - resumed
+        predicted = fl.predicted
+        if predicted is not None and resumed:
+            predicted = (max(1, predicted[0] - resumed), max(1, predicted[1] - resumed))
         refused: list[str] = []
         handoff: Handoff | None = None
         while handoff is None:
-            try:
-                entry = self.pick_entry(frozenset(refused))
-            except NoInstance as e:
-                yield Failed(f"{e}; refused by {', '.join(refused)}" if refused else str(e))
+            entry = await self._entry(fl, frozenset(refused + fl.migrated_from))
+            if isinstance(entry, str):
+                yield Failed(f"{entry}; refused by {', '.join(refused)}" if refused else entry)
                 return
             self._serve_on(fl, entry)
             fl.prefill_instance = entry.id
-            self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=self.clock.now())
-            stream = self.workers.generate(entry.address, fl.id, prompt_ids, fl.max_tokens, fl.predicted, pin or "")
+            if fl.migrations:
+                self._phase(fl, Phase.PREFILL, prefill_instance=entry.id)
+            else:
+                self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=self.clock.now())
+            stream = self.workers.generate(
+                entry.address, fl.id, prompt, max_tokens, predicted, pin or "", resumed_tokens=resumed
+            )
             async for ev in self._stream(fl, entry.id, stream):
                 if isinstance(ev, Handoff):
                     handoff = ev
@@ -260,7 +359,7 @@ class Gateway:
                 if not isinstance(ev, Tokens):
                     return
             else:
-                yield Failed(f"instance {entry.id} ended the stream without a result")
+                yield Lost(entry.id, f"instance {entry.id} ended the stream without a result")
                 return
         decode = self.cluster.instances.get(handoff.decode_instance_id)
         fl.decode_instance = handoff.decode_instance_id
@@ -284,9 +383,11 @@ class Gateway:
 
     async def _stream(
         self, fl: Inflight, name: str, call: AsyncGenerator[TokenChunk, None]
-    ) -> AsyncIterator[Tokens | Finished | Failed | Handoff | Refused]:
-        """Follow one worker stream (`name`: the instance serving it) until it ends or hands over."""
+    ) -> AsyncIterator[Tokens | Finished | Failed | Handoff | Refused | Lost]:
+        """Follow one worker stream (`name`: the instance serving it) until it ends or hands over. The
+        worker lost at the transport (died, unreachable) ends it with `Lost`."""
         last = self.clock.now()
+        got = 0  # tokens from this stream
         try:
             async for chunk in call:
                 now = self.clock.now()
@@ -303,6 +404,9 @@ class Gateway:
                             fl.decode_start_ts = now
                             self._phase(fl, Phase.DECODE, decode_start_ts=now)
                     fl.produced += n
+                    got += n
+                    fl.output.extend(chunk.token_ids)
+                    self._update(fl, output_tokens=fl.produced)  # current, so a crash loses one flush at most
                     self.metrics.tokens.inc(n)
                     last = now
                     yield Tokens(chunk.token_ids)
@@ -312,9 +416,11 @@ class Gateway:
                 if chunk.finished:
                     if fl.phase in (Phase.TRANSFER, Phase.DECODE) and chunk.kv_loaded_tokens >= 0:
                         self._update(fl, kv_loaded_tokens=chunk.kv_loaded_tokens)
-                    if chunk.finish_reason == "abort" or fl.cancelled:  # however the worker reports the abort
+                    if fl.interrupted:
+                        yield Failed(fl.interrupted, Status.INTERRUPTED)
+                    elif chunk.finish_reason == "abort" or fl.cancelled:  # however the worker reports the abort
                         yield Finished("cancelled", fl.produced)
-                    elif chunk.finish_reason == "refused" and fl.produced == 0:
+                    elif chunk.finish_reason == "refused" and got == 0:
                         yield Refused(chunk.error)
                     elif chunk.finish_reason == "error":
                         yield Failed(f"instance {name}: {chunk.error}")
@@ -322,14 +428,16 @@ class Gateway:
                         yield Finished(chunk.finish_reason or "length", fl.produced)
                     return
         except WorkerCallError as e:
-            if fl.cancelled:
+            if fl.interrupted:
+                yield Failed(fl.interrupted, Status.INTERRUPTED)
+            elif fl.cancelled:
                 yield Finished("cancelled", fl.produced)
             else:
-                yield Failed(f"instance {name} failed mid-request: {e.code}")
+                yield Lost(name, f"instance {name} failed mid-request: {e.code}")
             return
         finally:
             await call.aclose()  # closing the stream cancels the call on the worker
-        yield Failed(f"instance {name} closed the stream early")
+        yield Lost(name, f"instance {name} closed the stream early")
 
     async def cancel(self, rid: str) -> bool:
         """Abort an in-flight request on the instance serving it. False if it is not in flight."""
@@ -341,6 +449,27 @@ class Gateway:
             with contextlib.suppress(WorkerCallError):
                 await self.workers.cancel(fl.serving[1], rid, timeout=5)
         return True
+
+    # --- graceful drain --------------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        """Stop admitting requests (the API answers 503 with Retry-After); in-flight ones run on."""
+        self.draining = True
+
+    async def interrupt_all(self, reason: str) -> int:
+        """End every in-flight request now: each stream ends with an error event, each row is marked
+        `interrupted` with `reason` and its true output count. Returns how many were interrupted."""
+        flights = list(self.inflight.values())
+        for fl in flights:
+            fl.interrupted = reason
+            fl.cancelled = True
+
+        async def stop(fl: Inflight) -> None:
+            if fl.serving is not None:
+                with contextlib.suppress(WorkerCallError):
+                    await self.workers.cancel(fl.serving[1], fl.id, timeout=2)
+
+        await asyncio.gather(*(stop(fl) for fl in flights))
+        return len(flights)
 
     async def close(self) -> None:
         await self.workers.close()

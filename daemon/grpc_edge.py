@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import grpc
 
 from tetri.proto import pb, rpc
+from tetri.proto.security import NO_TLS, PortInUse, Tls, make_server
 
 from .cluster import Cluster, DecodeBroadcast, Instance, LoadReport, Registration
+
+__all__ = ["ControlPlaneServer", "PortInUse", "Tls", "bind_control_plane", "start_control_plane"]
 
 _LOAD_FIELDS = tuple(f.name for f in dataclasses.fields(LoadReport))
 
@@ -27,7 +31,9 @@ def load_to_pb(load: LoadReport) -> pb.LoadReport:
 
 
 def registration_from_pb(msg: pb.RegisterRequest) -> Registration:
-    return Registration(msg.instance_id, msg.role, msg.address, msg.model, msg.max_model_len, msg.kv_capacity_tokens)
+    return Registration(
+        msg.instance_id, msg.role, msg.address, msg.model, msg.max_model_len, msg.kv_capacity_tokens, msg.vocab_size
+    )
 
 
 def broadcast_to_pb(b: DecodeBroadcast) -> pb.DecodeLoadBroadcast:
@@ -43,25 +49,16 @@ def broadcast_to_pb(b: DecodeBroadcast) -> pb.DecodeLoadBroadcast:
 
 
 class ControlPlaneService(rpc.ControlPlaneServicer):
-    """Registration and load reporting. Off loopback the daemon has a token; a worker presenting another
-    (or none) is refused with UNAUTHENTICATED."""
+    """Registration and load reporting. Every call carries the cluster token (checked by the server's
+    interceptor, `tetri.proto.security`); a registration for an id a live worker holds is refused."""
 
-    def __init__(self, cluster: Cluster, token: str | None, on_register: Callable[[Instance], None]) -> None:
+    def __init__(self, cluster: Cluster, on_register: Callable[[Instance], None]) -> None:
         self.cluster = cluster
-        self.token = token
         self.on_register = on_register
 
-    def _authorised(self, context: grpc.aio.ServicerContext) -> bool:
-        if not self.token:
-            return True
-        md = dict(context.invocation_metadata() or ())
-        return md.get("authorization") == f"Bearer {self.token}"
-
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReply:
-        if not self._authorised(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "registration refused: bad or missing token")
         reg = registration_from_pb(request)
-        refusal = reg.refusal()
+        refusal = self.cluster.refusal(reg)
         if refusal is not None:
             return pb.RegisterReply(accepted=False, reason=refusal)
         inst = self.cluster.register(reg)
@@ -71,19 +68,33 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
     async def ReportLoad(
         self, request_iterator: AsyncIterator[pb.LoadReport], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DecodeLoadBroadcast]:
-        if not self._authorised(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing token")
         async for report in request_iterator:
-            self.cluster.report(load_from_pb(report))
+            if not self.cluster.report(load_from_pb(report)):
+                # removed as dead (or never registered): the worker's link registers again
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"instance {report.instance_id!r} is not registered")
             yield broadcast_to_pb(self.cluster.decode_broadcast())
 
 
+@dataclass
+class ControlPlaneServer:
+    """The ControlPlane's gRPC server, bound to `port`, started by `start_control_plane`."""
+
+    server: grpc.aio.Server
+    port: int
+
+    async def stop(self, grace: float) -> None:
+        await self.server.stop(grace=grace)
+
+
+def bind_control_plane(host: str, port: int, token: str | None, tls: Tls = NO_TLS) -> ControlPlaneServer:
+    """Bind the ControlPlane's port (0: any free port) before anything else starts. Every call must carry
+    `token`. Raises `PortInUse` when the port is taken."""
+    return ControlPlaneServer(*make_server(f"{host}:{port}", token, tls))
+
+
 async def start_control_plane(
-    cluster: Cluster, host: str, port: int, token: str | None, on_register: Callable[[Instance], None]
-) -> tuple[grpc.aio.Server, int]:
-    """Serve the ControlPlane service on host:port (0: any free port); returns the server and its port."""
-    server = grpc.aio.server()
-    rpc.add_ControlPlaneServicer_to_server(ControlPlaneService(cluster, token, on_register), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    await server.start()
-    return server, bound
+    bound: ControlPlaneServer, cluster: Cluster, on_register: Callable[[Instance], None]
+) -> None:
+    """Serve the ControlPlane service on a bound server."""
+    rpc.add_ControlPlaneServicer_to_server(ControlPlaneService(cluster, on_register), bound.server)
+    await bound.server.start()

@@ -11,17 +11,75 @@ import contextlib
 import json
 import logging
 import sys
+import time
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from tetri.config import ConfigError, DaemonSettings, load_daemon_settings
 
 from .app import create_app
+from .gateway import Gateway
+from .grpc_edge import PortInUse, Tls, bind_control_plane
+
+log = logging.getLogger("tetri.daemon")
 
 
-async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> None:
-    app = create_app(settings, mode)
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a graceful drain on the first SIGTERM/SIGINT: admission stops (503 + Retry-After),
+    in-flight requests run on for up to `grace_s`, the rest are interrupted (an error event on their
+    stream, rows `interrupted: daemon shutdown`), then the server stops. A second signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, grace_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.grace_s = grace_s
+        self.draining = False
+        self.drain: asyncio.Task[None] | None = None
+        self.loop = asyncio.get_running_loop()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        gateway = getattr(self.app.state, "gateway", None)
+        if self.draining or gateway is None or not self.started:
+            super().handle_exit(sig, frame)
+            return
+        self.draining = True
+        self._captured_signals.append(sig)  # uvicorn re-raises it once stopped, as it does itself
+        # a signal handler runs between any two bytecodes: hand over to the loop the safe way
+        self.loop.call_soon_threadsafe(self._start_drain, gateway)
+
+    def _start_drain(self, gateway: Gateway) -> None:
+        self.drain = self.loop.create_task(self._drain(gateway))
+
+    async def _drain(self, gateway: Gateway) -> None:
+        gateway.begin_drain()
+        log.warning("draining: %d request(s) in flight, up to %.0f s", len(gateway.inflight), self.grace_s)
+        deadline = time.monotonic() + self.grace_s
+        while gateway.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if gateway.inflight:
+            n = await gateway.interrupt_all("daemon shutdown")
+            log.warning("drain grace over: interrupted %d request(s)", n)
+            end = time.monotonic() + 5
+            while gateway.inflight and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+        self.should_exit = True
+
+
+def _error(message: str) -> None:
+    print(json.dumps({"event": "error", "error": message}), flush=True)
+
+
+async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
+    tls = Tls(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file)
+    try:  # bind the gRPC port first: one in use is an error before anything starts
+        grpc_server = bind_control_plane(settings.grpc_host, settings.grpc_port, settings.grpc_token(), tls)
+    except PortInUse as e:
+        _error(f"control-plane gRPC: {e}")
+        return 2
+    app = create_app(settings, mode, grpc_server)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -30,21 +88,26 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> None:
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=2,
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app, settings.drain_grace_s)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
             await task
-            raise SystemExit(1)
+            _error(f"HTTP: cannot serve on {settings.host}:{settings.port} (in use, or not an address of this host)")
+            await grpc_server.stop(0)
+            return 2
         await asyncio.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    scheme = "https" if settings.tls_cert_file else "http"
     print(
         json.dumps(
             {
                 "event": "ready",
-                "url": f"http://{host}:{port}",
+                "url": f"{scheme}://{host}:{port}",
                 "grpc": f"{settings.grpc_host}:{app.state.grpc_port}",
                 "recovered_interrupted": app.state.recovered,
                 "time_scale": settings.time_scale,
@@ -53,6 +116,7 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> None:
         flush=True,
     )
     await task
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    code = 0
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(settings, a.mode))
-    return 0
+        code = asyncio.run(serve(settings, a.mode))
+    return code
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("tetri_requests", "Requests by final status", ["status"], registry=self.registry)
         self.tokens = Counter("tetri_generated_tokens", "Output tokens streamed", registry=self.registry)
+        self.migrations = Counter(
+            "tetri_request_migrations", "Requests moved off an instance that died mid-request", registry=self.registry
+        )
         self.ttft = Histogram("tetri_ttft_seconds", "Time to first token", buckets=_LAT, registry=self.registry)
         self.jct = Histogram("tetri_jct_seconds", "Job completion time", buckets=_LAT, registry=self.registry)
         self.itl = Histogram("tetri_itl_seconds", "Inter-token latency", buckets=_LAT, registry=self.registry)

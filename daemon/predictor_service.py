@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from .db.store import Store
 
 log = logging.getLogger(__name__)
 PROMPT_SAMPLE = 256  # prompt tokens kept per request for training
+TRAINING_SAMPLES = 5000  # newest finished requests a retrain fits
 
 
 @dataclass
@@ -41,8 +43,11 @@ class PredictorStats:
 
 
 class PredictorService:
-    def __init__(self, store: Store, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, now: Callable[[], float] = time.time, from_store: bool = True) -> None:
         self.store = store
+        # prompt samples in the status table (opted in: they survive restarts) or only in memory here
+        self.from_store = from_store
+        self.recent: deque[tuple[list[int], int]] = deque(maxlen=TRAINING_SAMPLES)
         self.now = now  # the cluster clock (trained_ts)
         self.learned: LearnedPredictor | None = None
         self.stats = PredictorStats()
@@ -57,7 +62,11 @@ class PredictorService:
             return self.learned.predict(prompt_ids, rid)
         return None
 
-    def observe(self, predicted: Range | None, output_tokens: int) -> None:
+    def observe(self, predicted: Range | None, output_tokens: int, prompt_head: list[int] | None = None) -> None:
+        """A finished request: its output length scores the prediction and (with its prompt's first
+        tokens, when samples are not stored in the table) becomes a training sample."""
+        if prompt_head is not None and not self.from_store and output_tokens > 0:
+            self.recent.append((prompt_head, output_tokens))
         if predicted is None or output_tokens <= 0:
             return
         self.stats.live_total += 1
@@ -66,7 +75,10 @@ class PredictorService:
     async def retrain(self, granularity: int = 200) -> dict[str, Any]:
         """Fit a new model on the newest finished requests (off the event loop) and swap it in."""
         async with self._lock:
-            samples = await asyncio.to_thread(self.store.training_samples, 5000)
+            if self.from_store:
+                samples = await asyncio.to_thread(self.store.training_samples, TRAINING_SAMPLES)
+            else:
+                samples = list(self.recent)
             if len(samples) < 10:
                 return self.describe() | {"retrained": False, "reason": f"only {len(samples)} finished requests"}
             model = LearnedPredictor(granularity)

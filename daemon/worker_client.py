@@ -15,6 +15,7 @@ import grpc
 
 from tetri.proto import pb
 from tetri.proto.peers import Peers
+from tetri.proto.security import NO_TLS, Tls
 
 from .cluster import LoadReport
 from .grpc_edge import load_from_pb
@@ -77,8 +78,10 @@ def _error(e: grpc.aio.AioRpcError) -> WorkerCallError:
 
 
 class WorkerClient:
-    def __init__(self) -> None:
-        self._peers = Peers()
+    """Calls to workers; each carries the cluster token (and runs over TLS when configured)."""
+
+    def __init__(self, token: str | None = None, tls: Tls = NO_TLS) -> None:
+        self._peers = Peers(token, tls)
 
     async def _stream(self, call: grpc.aio.UnaryStreamCall) -> AsyncGenerator[TokenChunk, None]:
         try:
@@ -97,7 +100,10 @@ class WorkerClient:
         max_tokens: int,
         predicted: tuple[int, int] | None = None,
         decode_instance_id: str = "",
+        resumed_tokens: int = 0,
     ) -> AsyncGenerator[TokenChunk, None]:
+        """Run a request from its prompt; `resumed_tokens` > 0: a migrated request whose last that many
+        prompt tokens are outputs already streamed."""
         lo, hi = predicted or (0, 0)
         req = pb.GenerateRequest(
             request_id=request_id,
@@ -106,6 +112,7 @@ class WorkerClient:
             predicted_lo=lo,
             predicted_hi=hi,
             decode_instance_id=decode_instance_id,
+            resumed_tokens=resumed_tokens,
         )
         return self._stream(self._peers.worker(address).Generate(req))
 

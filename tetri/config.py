@@ -35,7 +35,18 @@ class DaemonSettings(BaseSettings):
     state_dir: Path = Field(Path("state"), description="Where the SQLite status tables live.")
     db_url: str | None = Field(None, description="Any SQLAlchemy URL; default sqlite:///<state_dir>/tetri.db.")
     token: str | None = Field(
-        None, description="Bearer token for the admin API and worker registration (required off loopback)."
+        None,
+        description="Bearer token for the admin API (identity `admin`) and, unless `cluster_token` is set, the "
+        "cluster's gRPC calls (required off loopback).",
+    )
+    admin_tokens: dict[str, str] = Field(
+        default_factory=dict,
+        description='More admin API tokens, by name (`{ops = "…"}`): the name is the audit\'s `requested_by`.',
+    )
+    cluster_token: str | None = Field(
+        None,
+        description="Token every gRPC call in the cluster carries (registration, load reports, every worker "
+        "RPC); default `token`. `tetrictl up` makes a random one per cluster.",
     )
     api_keys: list[str] = Field(
         default_factory=list, description="Accepted OpenAI API keys; empty = the OpenAI endpoint is open."
@@ -52,6 +63,32 @@ class DaemonSettings(BaseSettings):
     time_scale: float = Field(
         1.0, gt=0, description="The cluster clock: model seconds per wall second (the sim workers' time_scale)."
     )
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest HTTP request body accepted; larger ones get 413."
+    )
+    drain_grace_s: float = Field(
+        30.0, ge=0, description="SIGTERM: how long in-flight requests may run on before they are interrupted."
+    )
+    max_migrations: int = Field(
+        3, ge=0, description="Times a request moves to another instance when the one serving it dies."
+    )
+    migration_wait_s: float = Field(
+        30.0, ge=0, description="How long a migrating request waits for a healthy instance (wall seconds)."
+    )
+    dead_after_s: float = Field(
+        10.0, gt=0, description="An instance silent this long (wall seconds) is removed from the registry."
+    )
+    store_prompt_samples: bool = Field(
+        False,
+        description="Keep each prompt's first 256 token ids in the status table (the learned length "
+        "predictor trains on them; shown by the admin API). Off: they are kept in memory only.",
+    )
+    tls_cert_file: str | None = Field(None, description="PEM certificate: serve HTTP and gRPC over TLS.")
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
+    tls_ca_file: str | None = Field(None, description="PEM CA bundle that signed the workers' certificates.")
+
+    def grpc_token(self) -> str | None:
+        return self.cluster_token or self.token
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.state_dir / 'tetri.db').as_posix()}"
@@ -94,7 +131,17 @@ class WorkerSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Bind address of the worker's gRPC service.")
     port: int = Field(0, ge=0, le=65535, description="Port of the worker's gRPC service; 0 = any free port.")
     daemon: str = Field("127.0.0.1:50051", description="host:port of the daemon's control-plane gRPC service.")
-    token: str | None = Field(None, description="Bearer token presented when registering.")
+    token: str | None = Field(
+        None, description="The cluster token: presented on every call, required of every call to this worker."
+    )
+    advertise: str | None = Field(
+        None,
+        description="host:port the daemon and peers reach this worker at; default the bound address, or for "
+        "a wildcard bind the address this host uses to reach the daemon (never 0.0.0.0).",
+    )
+    tls_cert_file: str | None = Field(None, description="PEM certificate: serve the Worker service over TLS.")
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
+    tls_ca_file: str | None = Field(None, description="PEM CA bundle for the daemon's and peers' certificates.")
 
 
 def is_loopback(host: str) -> bool:

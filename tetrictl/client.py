@@ -96,7 +96,7 @@ class TetriClient:
     """``async with TetriClient(target) as c: await c.cluster()``."""
 
     def __init__(self, target: Target, timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None):
-        headers = {"x-tetri-user": "tetrictl"}
+        headers: dict[str, str] = {}  # the daemon knows who calls by the admin token, not by a header
         if target.token:
             headers["authorization"] = f"Bearer {target.token}"
         self.target = target

@@ -168,12 +168,31 @@ def up(
         )
     sys.stdout.flush()
     code = 0
+    restarts: list[float] = []
     while not stopping["flag"]:
-        dead = [p for p in cluster.procs if p.poll() is not None]
-        if dead:
-            out.print(f"[red]a process exited (code {dead[0].returncode}); stopping the cluster[/]")
+        if cluster.procs[0].poll() is not None:
+            out.print(f"[red]the daemon exited (code {cluster.procs[0].returncode}); stopping the cluster[/]")
             code = exitcodes.REFUSED
             break
+        dead = [i for i, p in enumerate(cluster.procs) if i and p.poll() is not None]
+        for i in dead:  # a worker died: start a replacement (the daemon migrates its requests meanwhile)
+            restarts = [t for t in restarts if t > time.monotonic() - RESTART_WINDOW_S] + [time.monotonic()]
+            if len(restarts) > MAX_RESTARTS:
+                out.print(f"[red]{len(restarts)} worker restarts within {RESTART_WINDOW_S:.0f} s; stopping[/]")
+                stopping["flag"], code = True, exitcodes.REFUSED
+                break
+            was, rc = cluster.workers[i - 1]["instance_id"], cluster.procs[i].returncode
+            try:
+                info = cluster.restart_worker(i)
+            except StartError as e:
+                out.print(f"[red]restarting {was} failed: {e}; stopping the cluster[/]")
+                stopping["flag"], code = True, exitcodes.REFUSED
+                break
+            out.print(f"worker {was} exited (code {rc}); restarted as {info['instance_id']}")
         time.sleep(0.2)
     cluster.stop()
     raise typer.Exit(code)
+
+
+MAX_RESTARTS = 5  # worker restarts allowed within RESTART_WINDOW_S before `up` gives up
+RESTART_WINDOW_S = 60.0

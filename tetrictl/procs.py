@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import selectors
 import signal
 import subprocess
@@ -29,8 +30,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def spawn(module: str, args: list[str]) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def spawn(module: str, args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
     return subprocess.Popen(
         [sys.executable, "-m", module, *args],
         stdout=subprocess.PIPE,
@@ -85,12 +86,34 @@ def stop_all(procs: list[subprocess.Popen[str]], grace: float = 5.0) -> None:
 
 @dataclass
 class LocalCluster:
-    """A daemon and its workers started as children on this host (`tetrictl up`, the benches)."""
+    """A daemon and its workers started as children on this host (`tetrictl up`, the benches).
+    `procs[0]` is the daemon; `procs[i]` (i ≥ 1) runs `worker_args[i - 1]`."""
 
     url: str
     grpc: str
     procs: list[subprocess.Popen[str]]
     workers: list[dict[str, Any]] = field(default_factory=list)  # each worker's ready report
+    worker_args: list[list[str]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # the cluster token, passed to every child
+
+    def start_worker(self, args: list[str]) -> dict[str, Any]:
+        proc = spawn("workers.main", args, self.env)
+        self.procs.append(proc)
+        self.worker_args.append(args)
+        info = wait_ready(proc, "worker")
+        self.workers.append(info)
+        return info
+
+    def restart_worker(self, i: int) -> dict[str, Any]:
+        """Start worker `i` again (it exited): a new process on a new port, so a new instance id."""
+        old = self.procs[i]
+        if old.stdout is not None:
+            old.stdout.close()
+        proc = spawn("workers.main", self.worker_args[i - 1], self.env)
+        self.procs[i] = proc
+        info = wait_ready(proc, "worker")
+        self.workers[i - 1] = info
+        return info
 
     def stop(self) -> None:
         stop_all(self.procs)
@@ -113,16 +136,19 @@ def start_local_cluster(
     dargs += ["--time-scale", str(time_scale)]
     if config is not None:
         dargs += ["--config", str(config)]
-    procs = [spawn("daemon.main", dargs)]
+    # one random cluster token per cluster: every gRPC call between its processes carries it, so no
+    # other local process can drive its workers (the environment, not argv: `ps` shows argv)
+    token = secrets.token_urlsafe(24)
+    env = {"TETRI_DAEMON_CLUSTER_TOKEN": token, "TETRI_WORKER_TOKEN": token}
+    procs = [spawn("daemon.main", dargs, env)]
     try:
         ready = wait_ready(procs[0], "daemon")
-        cluster = LocalCluster(ready["url"], ready["grpc"], procs)
+        cluster = LocalCluster(ready["url"], ready["grpc"], procs, env=env)
         for role in roles:
             wargs = ["--role", role, "--daemon", ready["grpc"], "--profile", profile, "--time-scale", str(time_scale)]
             if config is not None:
                 wargs += ["--config", str(config)]
-            procs.append(spawn("workers.main", wargs))
-            cluster.workers.append(wait_ready(procs[-1], f"{role} worker"))
+            cluster.start_worker(wargs)
     except BaseException:
         stop_all(procs)
         raise

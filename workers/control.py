@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from tetri.proto import pb, rpc
-from tetri.proto.peers import auth_metadata
+from tetri.proto.security import NO_TLS, Tls, open_channel
 
 from .service import WorkerService
 
@@ -30,7 +30,9 @@ class ControlLink:
         address: str,
         token: str | None,
         now: Callable[[], float] | None = None,
+        tls: Tls = NO_TLS,
     ) -> None:
+        self.tls = tls
         self.service = service
         self.daemon = daemon
         self.address = address
@@ -50,8 +52,8 @@ class ControlLink:
                 model=self.service.engine.model_name,
                 max_model_len=self.service.engine.max_model_len,
                 kv_capacity_tokens=u.kv_capacity_tokens,
+                vocab_size=self.service.engine.vocab_size,
             ),
-            metadata=auth_metadata(self.token),
             timeout=5,
         )
         if not reply.accepted:
@@ -67,14 +69,14 @@ class ControlLink:
     async def run(self) -> None:
         """Stay connected until stopped. A refused registration ends the worker (RegistrationRefused)."""
         backoff = 0.1
-        async with grpc.aio.insecure_channel(self.daemon) as channel:
+        async with open_channel(self.daemon, self.token, self.tls) as channel:  # every call carries the token
             stub = rpc.ControlPlaneStub(channel)
             while not self._stop.is_set():
                 try:
                     await self.register(stub)
                     self.registered.set()
                     backoff = 0.1
-                    call = stub.ReportLoad(self._reports(), metadata=auth_metadata(self.token))
+                    call = stub.ReportLoad(self._reports())
                     async for msg in call:
                         self.service.on_broadcast(msg)
                 except RegistrationRefused:

@@ -10,16 +10,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 from pathlib import Path
-
-import grpc
 
 from tetri.clock import ScaledClock
 from tetri.config import WorkerSettings
 from tetri.proto import rpc
 from tetri.proto.peers import Peers
+from tetri.proto.security import PortInUse, Tls, make_server
 
 from .control import ControlLink, RegistrationRefused
 from .engines.base import Engine
@@ -62,15 +63,16 @@ def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
 
 async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> int:
     stop = stop or asyncio.Event()
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    if port == 0:
-        print(json.dumps({"event": "error", "error": f"cannot bind {settings.host}:{settings.port}"}), flush=True)
+    tls = Tls(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file)
+    try:  # every call to this worker must carry the cluster token (tetri.proto.security)
+        server, port = make_server(f"{settings.host}:{settings.port}", settings.token, tls)
+        address = advertised_address(settings, port)
+    except (PortInUse, ValueError) as e:
+        print(json.dumps({"event": "error", "error": str(e)}), flush=True)
         return 2
     instance_id = settings.instance_id or f"{settings.role}-{port}"
-    address = f"{settings.host}:{port}"
     engine = build_engine(settings, instance_id)
-    peers = Peers()
+    peers = Peers(settings.token, tls)
 
     def engine_for(role: str) -> Engine:  # instance flip: the same engine settings in another role
         return build_engine(settings.model_copy(update={"role": role}), instance_id)
@@ -80,7 +82,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
     await engine.start()
     await server.start()
     clock = ScaledClock(settings.time_scale)
-    link = ControlLink(service, settings.daemon, address, settings.token, now=clock.now)
+    link = ControlLink(service, settings.daemon, address, settings.token, now=clock.now, tls=tls)
     link_task = asyncio.create_task(link.run())
     reg = asyncio.create_task(link.registered.wait())
     done, _ = await asyncio.wait({link_task, reg}, return_when=asyncio.FIRST_COMPLETED)
@@ -93,7 +95,15 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
         code = 1
     else:
         print(
-            json.dumps({"event": "ready", "instance_id": instance_id, "role": settings.role, "address": address}),
+            json.dumps(
+                {
+                    "event": "ready",
+                    "instance_id": instance_id,
+                    "role": settings.role,
+                    "address": address,
+                    "pid": os.getpid(),
+                }
+            ),
             flush=True,
         )
         stopper = asyncio.create_task(stop.wait())
@@ -110,6 +120,27 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
     await engine.stop()
     await peers.close()
     return code
+
+
+def advertised_address(settings: WorkerSettings, port: int) -> str:
+    """host:port the daemon and peers reach this worker at: `advertise` if set; else the bind address;
+    for a wildcard bind (0.0.0.0, ::) the address this host uses to reach the daemon, never the wildcard."""
+    if settings.advertise:
+        host, _, p = settings.advertise.rpartition(":")
+        if not host or not p.isdigit() or host in WILDCARDS:
+            raise ValueError(f"advertise: {settings.advertise!r} is not a routable host:port")
+        return settings.advertise
+    if settings.host not in WILDCARDS:
+        return f"{settings.host}:{port}"
+    daemon_host = settings.daemon.rpartition(":")[0].strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in daemon_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:  # no packet is sent: it only picks a route
+        s.connect((daemon_host, 9))
+        local = s.getsockname()[0]
+    return f"[{local}]:{port}" if ":" in local else f"{local}:{port}"
+
+
+WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 
 
 def run(settings: WorkerSettings) -> int:
@@ -140,6 +171,9 @@ if __name__ == "__main__":
         ap.add_argument(f"--{flag}", type=int)
     ap.add_argument("--kv-wait-s", type=float)
     ap.add_argument("--port", type=int)
+    ap.add_argument("--advertise")
+    for flag in ("tls-cert-file", "tls-key-file", "tls-ca-file"):
+        ap.add_argument(f"--{flag}")
     ap.add_argument("--time-scale", type=float)
     ap.add_argument("--config")
     a = ap.parse_args()
@@ -154,6 +188,10 @@ if __name__ == "__main__":
             daemon=a.daemon,
             token=a.token,
             port=a.port,
+            advertise=a.advertise,
+            tls_cert_file=a.tls_cert_file,
+            tls_key_file=a.tls_key_file,
+            tls_ca_file=a.tls_ca_file,
             time_scale=a.time_scale,
             model=a.model,
             kv_connector=a.kv_connector,

@@ -203,7 +203,7 @@ class WorkerService(rpc.WorkerServicer):
     @staticmethod
     def _req(r: pb.GenerateRequest) -> EngineRequest:
         pred = (r.predicted_lo, r.predicted_hi) if r.predicted_lo > 0 else None
-        return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens, pred)
+        return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens, pred, r.resumed_tokens)
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -321,6 +321,7 @@ class WorkerService(rpc.WorkerServicer):
             max_tokens=req.max_tokens,
             predicted_lo=lo,
             predicted_hi=hi,
+            resumed_tokens=req.resumed_tokens,
         )
 
     async def _target(self, request: pb.GenerateRequest, exclude: frozenset[str]) -> tuple[str, str] | None:

@@ -21,9 +21,10 @@ from tetri.scheduling.policyset import PolicyError
 from ..db.models import Phase, Status
 from ..flips import FlipError
 from ..gateway import Gateway
-from .auth import require_admin
+from .auth import identity, require_admin
+from .schemas import errors
 
-router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)])
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], responses=errors(401, 404, 409))
 
 
 def _gw(request: Request) -> Gateway:
@@ -78,7 +79,7 @@ async def requests(
     phase: Phase | None = None,
     status: Status | None = None,
     limit: int = Query(50, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**62),
     id_prefix: str | None = Query(None, max_length=64),
 ) -> dict[str, Any]:
     rows, total = await asyncio.to_thread(
@@ -160,7 +161,7 @@ async def set_policies(request: Request, changes: Annotated[dict[str, Any], Body
         raise HTTPException(400, detail={"message": str(e), "param": e.field}) from None
     except TypeError as e:
         raise HTTPException(400, detail={"message": str(e), "param": None}) from None
-    who = request.headers.get("x-tetri-user", "admin-api")
+    who = identity(request)
     diff = [(k, old.to_dict()[k], v) for k, v in new.to_dict().items() if old.to_dict()[k] != v]
     if diff:
         cluster.set_policies(new)
@@ -189,7 +190,7 @@ async def flip(
         raise HTTPException(400, detail={"message": "to: must be prefill or decode", "param": "to"})
     try:
         return await request.app.state.flipper.start(
-            instance_id, to, str(body.get("reason", "manual")), request.headers.get("x-tetri-user", "admin-api")
+            instance_id, to, str(body.get("reason", "manual")), identity(request)
         )
     except FlipError as e:
         raise HTTPException(e.status, detail={"message": str(e), "param": "to" if e.status == 400 else None}) from None

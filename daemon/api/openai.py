@@ -11,10 +11,20 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ..db.models import Status
 from ..gateway import Failed, Finished, Gateway, new_request_id
 from ..tokenizer import ByteTokenizer
 from .auth import require_api_key
-from .schemas import CompletionRequest, ModelCard, completion_chunk, error_body, usage
+from .schemas import (
+    INT32_MAX,
+    UNSUPPORTED,
+    CompletionRequest,
+    ModelCard,
+    completion_chunk,
+    error_body,
+    errors,
+    usage,
+)
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 tokenizer = ByteTokenizer()
@@ -30,44 +40,72 @@ def _gateway(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=errors(401))
 async def models(request: Request) -> dict[str, Any]:
     gw = _gateway(request)
     card = ModelCard(id=gw.model, created=int(request.app.state.started), max_model_len=gw.max_model_len())
     return {"object": "list", "data": [card.model_dump()]}
 
 
-def _prompt_ids(body: CompletionRequest) -> list[int] | str:
-    """The prompt as token ids, or an error message."""
+def _prompt_ids(body: CompletionRequest, vocab: int | None) -> list[int] | str:
+    """The prompt as token ids, or an error message (ids must be known to every instance's model)."""
     p = body.prompt
+    ids: list[int] | None = None
     if isinstance(p, str):
-        return tokenizer.encode(p)
-    if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
-        return list(p)  # type: ignore[arg-type]
-    if isinstance(p, list) and len(p) == 1:
+        ids = tokenizer.encode(p)
+    elif isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+        ids = list(p)  # type: ignore[arg-type]
+    elif isinstance(p, list) and len(p) == 1:
         one = p[0]
-        if isinstance(one, str):
-            return tokenizer.encode(one)
-        if isinstance(one, list):
-            return list(one)
-    return "prompt must be one string or one list of token ids (batched prompts are not supported)"
+        ids = tokenizer.encode(one) if isinstance(one, str) else list(one) if isinstance(one, list) else None
+    if ids is None:
+        return "prompt must be one string or one list of token ids (batched prompts are not supported)"
+    limit = min(vocab or INT32_MAX + 1, INT32_MAX + 1)
+    bad = next((t for t in ids if not 0 <= t < limit), None)
+    if bad is not None:
+        return f"prompt token id {bad} is outside the model's vocabulary (0 … {limit - 1})"
+    return ids
 
 
-@router.post("/v1/completions", response_model=None)
+def _unsupported(body: CompletionRequest) -> tuple[str, str] | None:
+    """The first field set to something this server does not implement: (field, why)."""
+    for name, (neutral, why) in UNSUPPORTED.items():
+        if getattr(body, name) not in neutral:
+            return name, why
+    return None
+
+
+@router.post("/v1/completions", response_model=None, responses=errors(400, 401, 404, 409, 413, 502, 503))
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     gw = _gateway(request)
+    if gw.draining:
+        return JSONResponse(
+            error_body("the daemon is shutting down; retry on another", "ServiceUnavailableError", None, "draining"),
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
     chosen = body.tetri.request_id if body.tetri else None
     rid = chosen or new_request_id()
-    if chosen and (rid in gw.inflight or await asyncio.to_thread(request.app.state.store.get_request, rid)):
-        # only a client-chosen id can collide; generated ids skip the lookup on this hot path
-        return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
-    ids = _prompt_ids(body)
+    if chosen:  # only a client-chosen id can collide; generated ids skip the lookup on this hot path
+        if rid in gw.inflight or rid in gw.reserved:
+            return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
+        gw.reserved.add(rid)  # held across the lookup: a second request with this id now is a 409 too
+        try:
+            taken = await asyncio.to_thread(request.app.state.store.get_request, rid)
+        finally:
+            gw.reserved.discard(rid)
+        if taken or rid in gw.inflight:
+            return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
+    ids = _prompt_ids(body, gw.vocab_size())
     max_len = gw.max_model_len()
 
     def reject(status: int, message: str, type_: str, param: str | None, code: str | None = None) -> JSONResponse:
         gw.record_rejected(rid, message, len(ids) if isinstance(ids, list) else 0, body.max_tokens)
         return openai_error(status, message, type_, param, code)
 
+    unsupported = _unsupported(body)
+    if unsupported is not None:
+        return reject(400, f"{unsupported[0]}: {unsupported[1]}", "BadRequestError", unsupported[0])
     if body.model != gw.model:
         return reject(404, f"The model `{body.model}` does not exist.", "NotFoundError", "model", "model_not_found")
     if isinstance(ids, str):
@@ -114,7 +152,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     toks: list[int] = []
     async for ev in events:
         if isinstance(ev, Failed):
-            return openai_error(502, ev.message, "APIError", None, "worker_failed")
+            return openai_error(_failure_status(ev), ev.message, "APIError", None, _failure_code(ev))
         if isinstance(ev, Finished):
             reason = ev.reason
         else:
@@ -132,13 +170,21 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     )
 
 
+def _failure_code(ev: Failed) -> str:
+    return "daemon_shutdown" if ev.status == Status.INTERRUPTED else "worker_failed"
+
+
+def _failure_status(ev: Failed) -> int:
+    return 503 if ev.status == Status.INTERRUPTED else 502
+
+
 async def _sse(
     events: AsyncIterator[Any], rid: str, created: int, model: str, prompt_len: int, with_ids: bool
 ) -> AsyncIterator[bytes]:
     n = 0
     async for ev in events:
         if isinstance(ev, Failed):
-            yield b"data: " + json.dumps(error_body(ev.message, "APIError", None, "worker_failed")).encode() + b"\n\n"
+            yield b"data: " + json.dumps(error_body(ev.message, "APIError", None, _failure_code(ev))).encode() + b"\n\n"
             break
         if isinstance(ev, Finished):
             body = completion_chunk(rid, created, model, "", ev.reason, usage(prompt_len, n), [] if with_ids else None)

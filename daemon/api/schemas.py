@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,8 +12,8 @@ class TetriExtension(BaseModel):
     SLA targets and an optional client-chosen request id."""
 
     model_config = ConfigDict(extra="forbid")
-    sla_ttft_ms: float | None = Field(None, gt=0)
-    sla_jct_ms: float | None = Field(None, gt=0)
+    sla_ttft_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+    sla_jct_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     # the client's own id for the request (a plan replay names requests by the plan's ids)
     request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")
     # pin the decode phase to this decode instance (a plan replay sends its backlog to one instance)
@@ -21,22 +21,84 @@ class TetriExtension(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = True
 
 
-class CompletionRequest(BaseModel):
-    """POST /v1/completions. Unknown OpenAI fields are accepted and ignored (as vLLM does)."""
+INT32_MAX = 2**31 - 1
+TokenId = Annotated[int, Field(strict=True)]
 
-    model_config = ConfigDict(extra="allow")
-    model: str
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = 16
-    stream: bool = False
+
+class CompletionRequest(BaseModel):
+    """POST /v1/completions. Every field is typed strictly (``"4"`` is not 4, ``true`` is not 1). A field
+    this server does not implement is a 400 naming it: unknown ones, and `n`, `best_of`, `echo`,
+    `logprobs`, `suffix`, `logit_bias`, `stop` at anything but their neutral value (`UNSUPPORTED`).
+    Sampling knobs are accepted; the sim engine's tokens are deterministic whatever they say."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(max_length=256)
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    max_tokens: int = Field(16, strict=True, le=INT32_MAX)
+    stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    user: str | None = None
-    return_token_ids: bool = False
+    temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    seed: int | None = Field(None, strict=True, ge=-(2**63), lt=2**63)
+    presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    user: str | None = Field(None, max_length=256)
+    return_token_ids: bool = Field(False, strict=True)
     tetri: TetriExtension | None = None
+    # OpenAI fields accepted only at their neutral value (see UNSUPPORTED)
+    n: int | None = None
+    best_of: int | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+    logit_bias: dict[str, float] | None = None
+    stop: str | list[str] | None = None
+
+
+# field -> (values this server can honour, why not otherwise)
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((None, 1), "only n=1 is supported"),
+    "best_of": ((None, 1), "only best_of=1 is supported"),
+    "echo": ((None, False), "echo is not supported"),
+    "logprobs": ((None,), "logprobs are not supported"),
+    "suffix": ((None, ""), "suffix is not supported"),
+    "logit_bias": ((None, {}), "logit_bias is not supported"),
+    "stop": ((None, [], ""), "stop sequences are not supported (token ids carry no text here)"),
+}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer, /v1 and admin alike (OpenAI's error shape)."""
+
+    error: ErrorDetail
+
+
+_WHY = {
+    400: "Bad request: a field out of range, of the wrong type, unsupported, or malformed JSON",
+    401: "Missing or wrong bearer token",
+    404: "No such model, instance, request or route",
+    405: "Method not allowed on this route",
+    409: "Conflict with the current state (id taken, not in flight, wrong role)",
+    413: "Request body larger than max_request_bytes",
+    502: "The worker serving the request failed",
+    503: "Not ready: no instance can serve, or the daemon is draining (Retry-After)",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error codes."""
+    return {c: {"model": ErrorResponse, "description": _WHY[c]} for c in codes}
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

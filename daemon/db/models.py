@@ -68,6 +68,9 @@ class RequestRow(Base):
     predicted_hi: Mapped[int | None] = mapped_column(Integer, nullable=True)
     kv_loaded_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)  # decode: KV from the hand-over
     prompt_sample: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # request migration: times it moved off an instance that died mid-request, and those instances
+    migrations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    migrated_from: Mapped[str | None] = mapped_column(String(256), nullable=True)  # comma-separated ids
 
     __table_args__ = (
         Index("ix_requests_status_phase", "status", "phase"),

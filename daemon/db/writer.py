@@ -7,9 +7,14 @@ rows are pending), and the thread writes it in ONE transaction with `Store.write
 Merging: many updates to one request become one row write (later fields win), and an update for a
 request whose insert is still pending is merged into the insert.
 
-Failures: a flush that fails keeps its batch and tries it again at the next flush, before anything
-submitted since (so writes stay in order); after `MAX_TRIES` failed tries the batch is dropped with an
-error log. The background task never dies of a database error.
+Failures are isolated. A batch the database refuses for a row's content (a value out of range, a
+duplicate id…) is split and every row written in its own transaction: the refused row affects that
+request alone — logged with its id and dropped, an update first retried with only its ending fields
+(status, phase, finish times, counts) so a row never stays `running` for a bad value — and every other
+row is written. A batch (or row) that fails for the database's own reasons (locked, unavailable, no
+table: `OperationalError`) is kept, in order, before anything submitted since, and tried again at the
+next flush; after `MAX_TRIES` such tries it is dropped with an error log (the database is broken, not a
+request). The background task never dies of a database error.
 
 After `stop()` the writer is closed: every `submit_*` raises `WriterClosedError` (nothing is dropped
 silently). The `submit_*` methods are not thread-safe: call them from the event loop's thread.
@@ -22,9 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
+
+from sqlalchemy.exc import OperationalError
 
 from .store import LOAD_SAMPLE_COLUMNS, REQUEST_COLUMNS, Store
 
@@ -208,7 +216,9 @@ class BatchWriter:
                 await self._write(batch)
 
     async def _write(self, batch: _Batch) -> None:
-        """One try at one batch in a worker thread. On failure keep it as `_retry` or drop it, and raise."""
+        """One try at one batch in a worker thread; if the database refuses it, row by row (module doc).
+        Rows kept for another try become `_retry` (or are dropped after `MAX_TRIES`), and the error is
+        raised."""
         try:
             written = await asyncio.to_thread(
                 self.store.write_batch,
@@ -216,7 +226,13 @@ class BatchWriter:
                 updates=batch.updates,
                 load_samples=batch.samples,
             )
-        except Exception:
+        except Exception as e:
+            if not isinstance(e, OperationalError):  # a row's content: find it, write the others
+                written, batch = await asyncio.to_thread(self._write_rows, batch)
+                self.rows_written += written
+                if not len(batch):
+                    self.flushes += 1
+                    return
             batch.tries += 1
             self.failed_flushes += 1
             if batch.tries >= MAX_TRIES:
@@ -242,6 +258,57 @@ class BatchWriter:
             raise
         self.flushes += 1
         self.rows_written += written
+
+    def _write_rows(self, batch: _Batch) -> tuple[int, _Batch]:
+        """(In a worker thread.) Each row of a refused batch in its own transaction. Returns the rows
+        written and a batch of those that failed for the database's own reasons (to try again)."""
+        again = _Batch(tries=batch.tries)
+        written = 0
+        for rid, row in batch.inserts.items():
+            outcome = self._one(rid, partial(self.store.write_batch, inserts=[row]))
+            written += outcome == "ok"
+            if outcome == "again":
+                again.inserts[rid] = row
+        for rid, fields in batch.updates.items():
+            if rid in again.inserts:  # its insert waits: the update lands with it
+                again.inserts[rid].update(fields)
+                continue
+            outcome = self._one(rid, partial(self.store.write_batch, updates={rid: fields}))
+            if outcome == "bad":  # do not leave the row `running`: write how it ended, without the bad value
+                ending = {k: v for k, v in fields.items() if k in ENDING_FIELDS}
+                if ending and ending != fields:
+                    outcome = self._one(rid, partial(self.store.write_batch, updates={rid: ending}))
+            written += outcome == "ok"
+            if outcome == "again":
+                again.updates[rid] = fields
+        for sample in batch.samples:
+            outcome = self._one(str(sample.get("instance_id")), partial(self.store.write_batch, load_samples=[sample]))
+            written += outcome == "ok"
+            if outcome == "again":
+                again.samples.append(sample)
+        return written, again
+
+    def _one(self, rid: str, write: Callable[[], int]) -> str:
+        """ "ok", "again" (the database's own failure: try later) or "bad" (this row: logged, dropped)."""
+        try:
+            write()
+        except OperationalError:
+            return "again"
+        except Exception as e:
+            self.rows_dropped += 1
+            logger.error("status table refused the row of %s; dropped: %s", rid, _one_line(e))
+            return "bad"
+        return "ok"
+
+
+def _one_line(e: BaseException) -> str:
+    return str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+
+
+# an update's fields that say how a request ended (kept when the rest of the update is refused)
+ENDING_FIELDS = frozenset(
+    {"phase", "status", "finished_ts", "jct_ms", "finish_reason", "error", "output_tokens", "migrations"}
+)
 
 
 def _check_columns(fields: Iterable[str], allowed: frozenset[str]) -> None:

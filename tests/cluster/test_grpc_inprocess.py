@@ -23,6 +23,7 @@ from tetri.clock import ScaledClock
 from tetri.costmodel import load_profile
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers, auth_metadata
+from tetri.proto.security import make_server
 from tetri.scheduling.instance import Phase
 from workers.control import ControlLink, RegistrationRefused
 from workers.engines.sim import SimEngine, sim_token
@@ -39,11 +40,9 @@ TOKEN = "s3cret-token"
 
 
 @asynccontextmanager
-async def _serve(add: Callable[[grpc.aio.Server], None]) -> AsyncIterator[str]:
-    server = grpc.aio.server()
+async def _serve(add: Callable[[grpc.aio.Server], None], token: str | None = None) -> AsyncIterator[str]:
+    server, port = make_server("127.0.0.1:0", token)  # the processes' own server: token check included
     add(server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    assert port > 0
     await server.start()
     try:
         yield f"127.0.0.1:{port}"
@@ -87,9 +86,9 @@ async def _control_plane(
 ) -> AsyncIterator[tuple[Cluster, list[Instance], rpc.ControlPlaneStub, str]]:
     cluster = Cluster(report_interval_s=report_interval_s, unhealthy_after=unhealthy_after)
     registered: list[Instance] = []
-    service = ControlPlaneService(cluster, token, registered.append)
+    service = ControlPlaneService(cluster, registered.append)
     async with (
-        _serve(lambda s: rpc.add_ControlPlaneServicer_to_server(service, s)) as address,
+        _serve(lambda s: rpc.add_ControlPlaneServicer_to_server(service, s), token) as address,
         grpc.aio.insecure_channel(address) as channel,
     ):
         yield cluster, registered, rpc.ControlPlaneStub(channel), address
@@ -190,10 +189,18 @@ def test_register_accepts_known_roles_and_refuses_others() -> None:
             assert "x2" not in cluster.instances
             assert len(registered) == 3
 
-            # Re-registration replaces the instance (a restarted worker) and keeps the daemon's in-flight count.
+            # A worker re-registering itself (same address: its daemon link reconnected) is accepted and keeps
+            # the daemon's in-flight count; another process claiming a live id is refused, and the id stays
+            # with its worker; once that worker has gone unhealthy a replacement may take the id.
             cluster.instances["d1"].inflight = 2
-            again = await stub.Register(_register("d1", "decode", address="127.0.0.1:6000"))
-            assert again.accepted
+            again = await stub.Register(_register("d1", "decode", address="127.0.0.1:5002"))
+            assert again.accepted and cluster.instances["d1"].inflight == 2
+            rogue = await stub.Register(_register("d1", "decode", address="127.0.0.1:6000"))
+            assert not rogue.accepted and "held by a live worker at 127.0.0.1:5002" in rogue.reason
+            assert cluster.instances["d1"].address == "127.0.0.1:5002"
+            cluster.instances["d1"].state = "unhealthy"
+            replacement = await stub.Register(_register("d1", "decode", address="127.0.0.1:6000"))
+            assert replacement.accepted
             assert cluster.instances["d1"].address == "127.0.0.1:6000"
             assert cluster.instances["d1"].inflight == 2
 
@@ -280,16 +287,19 @@ def test_report_load_answers_each_report_with_decode_load() -> None:
             assert by_id["d2"].load.kv_capacity_tokens == 5000  # a report without capacity keeps the registered one
             assert by_id["d1"].load.kv_used_tokens == 100
 
-            # A report for an unknown instance is ignored but still answered.
-            await call.write(pb.LoadReport(instance_id="ghost", role="decode", state="active"))
-            third = await call.read()
-            assert {d.instance_id for d in third.instances} == {"d1", "d2"}
-            assert "ghost" not in cluster.instances
-
             await call.done_writing()
             assert await call.read() is grpc.aio.EOF
             assert cluster.instances["d1"].reports == 1
             assert cluster.instances["d2"].reports == 1
+
+            # A report for an unknown instance (removed as dead, or never registered) ends the stream with
+            # NOT_FOUND, so the worker's link registers again; nothing is added.
+            ghost = stub.ReportLoad()
+            await ghost.write(pb.LoadReport(instance_id="ghost", role="decode", state="active"))
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await ghost.read()
+            assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+            assert "ghost" not in cluster.instances
 
             # A prefill dispatcher's view of that broadcast.
             view = DecodeView()
@@ -307,11 +317,11 @@ def test_health_check_marks_unhealthy_and_a_report_revives() -> None:
             assert (await stub.Register(_register("d2", "decode", "127.0.0.1:7003"))).accepted
 
             assert cluster.check_health(now=time.time()) == []  # just registered
-            marked = cluster.check_health(now=time.time() + 3600)
+            marked = cluster.check_health(now=time.time() + 1.0)  # past 3 reports, short of dead_after_s
             assert sorted(marked) == ["d1", "d2"]
             assert cluster.instances["d1"].state == "unhealthy"
             assert cluster.healthy("decode") == []
-            assert cluster.check_health(now=time.time() + 7200) == []  # already marked: not again
+            assert cluster.check_health(now=time.time() + 2.0) == []  # already marked: not again
             assert {d.load.state for d in cluster.decode_broadcast().instances} == {"unhealthy"}
 
             call = stub.ReportLoad()
@@ -328,6 +338,13 @@ def test_health_check_marks_unhealthy_and_a_report_revives() -> None:
             view = DecodeView()
             view.update(decode_loads(msg))
             assert list(view.instances) == ["d1"]
+
+            # Silent for dead_after_s: removed from the registry (and from every broadcast); told to on_removed.
+            removed: list[str] = []
+            cluster.on_removed = lambda inst: removed.append(inst.id)
+            cluster.check_health(now=time.time() + cluster.dead_after_s + 1)
+            assert removed == ["d1", "d2"] and cluster.instances == {}
+            assert cluster.decode_broadcast().instances == []
 
     _run(scenario)
 

@@ -1,10 +1,12 @@
-"""gRPC channels to other processes, cached by address, with the bearer token attached."""
+"""gRPC channels to other processes, cached by address; every call carries the cluster token (and runs
+over TLS when the cluster has it: `tetri.proto.security`)."""
 
 from __future__ import annotations
 
 import grpc
 
 from . import rpc
+from .security import NO_TLS, Tls, open_channel
 
 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -12,18 +14,23 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 class Peers:
-    def __init__(self) -> None:
+    def __init__(self, token: str | None = None, tls: Tls = NO_TLS) -> None:
+        self.token = token
+        self.tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address, options=[("grpc.enable_retries", 0)])
+            ch = open_channel(address, self.token, self.tls)
             self._channels[address] = ch
         return ch
 
     def worker(self, address: str) -> rpc.WorkerStub:
         return rpc.WorkerStub(self.channel(address))
+
+    def control(self, address: str) -> rpc.ControlPlaneStub:
+        return rpc.ControlPlaneStub(self.channel(address))
 
     async def close(self) -> None:
         for ch in self._channels.values():

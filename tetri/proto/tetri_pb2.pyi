@@ -7,20 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "max_tokens", "decode_instance_id", "predicted_lo", "predicted_hi")
+    __slots__ = ("request_id", "prompt_token_ids", "max_tokens", "decode_instance_id", "predicted_lo", "predicted_hi", "resumed_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_LO_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_HI_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
     decode_instance_id: str
     predicted_lo: int
     predicted_hi: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., decode_instance_id: _Optional[str] = ..., predicted_lo: _Optional[int] = ..., predicted_hi: _Optional[int] = ...) -> None: ...
+    resumed_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., decode_instance_id: _Optional[str] = ..., predicted_lo: _Optional[int] = ..., predicted_hi: _Optional[int] = ..., resumed_tokens: _Optional[int] = ...) -> None: ...
 
 class KVHandle(_message.Message):
     __slots__ = ("request_id", "num_tokens", "num_bytes", "source_instance_id", "params")
@@ -190,20 +192,22 @@ class LoadReport(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ..., heavy: _Optional[int] = ..., light: _Optional[int] = ..., predicted_growth_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., held_kv_tokens: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens")
+    __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens", "vocab_size")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     role: str
     address: str
     model: str
     max_model_len: int
     kv_capacity_tokens: int
-    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("accepted", "reason", "report_interval_s")

@@ -32,6 +32,9 @@ class EngineRequest:
     max_tokens: int
     # the length predictor's output range [lo, hi] (None: no prediction); decode admission uses lo
     predicted_output: tuple[int, int] | None = None
+    # a migrated request: the last `resumed_tokens` prompt tokens are outputs already streamed, so the
+    # engine's first output token is output index `resumed_tokens` of the original request
+    resumed_tokens: int = 0
 
     @property
     def prompt_len(self) -> int:
@@ -70,6 +73,7 @@ class EngineUsage:
 class Engine(ABC):
     model_name: str
     max_model_len: int
+    vocab_size: int  # token ids the model knows: 0 … vocab_size − 1 (0 until started, for vLLM)
     instance_id: str
 
     async def start(self) -> None:  # noqa: B027 - optional hook

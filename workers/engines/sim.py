@@ -62,7 +62,8 @@ class _Seq:
 
     def __init__(self, req: EngineRequest) -> None:
         self.req = req
-        self.key = _prompt_key(req.prompt_token_ids)
+        # a migrated request keys its tokens on the original prompt and continues its output indices
+        self.key = _prompt_key(req.prompt_token_ids[: req.prompt_len - req.resumed_tokens])
         self.queue: asyncio.Queue[int | EngineError | None] | None = None  # decode/colocated: tokens
         self.future: asyncio.Future[PrefillOutput] | None = None  # prefill: first token + KV handle
         self.pulled: asyncio.Future[None] | None = None  # decode: admission pulled the KV
@@ -447,7 +448,7 @@ class SimEngine(Engine):
             seq = self._seqs.get(rid)
             if seq is None:
                 continue
-            token = _token(seq.key, index, self.vocab_size)
+            token = _token(seq.key, index + seq.req.resumed_tokens, self.vocab_size)
             if rid in prefilled:
                 if seq.future is not None and not seq.future.done():
                     n = seq.req.prompt_len

@@ -118,6 +118,7 @@ class VllmEngine(Engine):
         self.instance_id = instance_id
         self.model_name = os.path.basename(os.path.normpath(options.model))
         self.max_model_len = options.max_model_len or 0
+        self.vocab_size = 0  # known once started
         self.policies = PolicySet()
         self.kv_capacity = 0
         self.block_size = options.block_size or 0
@@ -181,6 +182,7 @@ class VllmEngine(Engine):
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory])
         cfg = self._llm.vllm_config
         self.max_model_len = int(cfg.model_config.max_model_len)
+        self.vocab_size = int(cfg.model_config.get_vocab_size())
         self.block_size = int(cfg.cache_config.block_size)
         self.kv_capacity = int(cfg.cache_config.num_gpu_blocks or 0) * self.block_size
 

@@ -1,0 +1,168 @@
+"""Who may call a cluster's gRPC services, and over what: the cluster token on every call (checked in
+constant time by a server interceptor, attached by a client interceptor) and optional TLS.
+
+Every gRPC server (the daemon's ControlPlane, each worker's Worker service) is built by `make_server`
+and every channel by `open_channel`, so no call can leave or arrive without these checks.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+UNAUTHENTICATED_MESSAGE = "bad or missing cluster token"
+
+
+@dataclass(frozen=True)
+class Tls:
+    """PEM files: this process's certificate and key (servers), the CA that signed its peers'."""
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca_file or self.cert_file)
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        if not (self.cert_file and self.key_file):
+            raise ValueError("TLS needs tls_cert_file and tls_key_file to serve")
+        return grpc.ssl_server_credentials([(_read(self.key_file), _read(self.cert_file))])
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=_read(self.ca_file) if self.ca_file else None)
+
+
+NO_TLS = Tls()
+
+
+def _read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+def token_ok(expected: str | None, presented: str | None) -> bool:
+    """Constant-time comparison of a bearer token; no expected token accepts anything."""
+    if not expected:
+        return True
+    return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def bearer(metadata: Any) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value[7:]
+    return None
+
+
+def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that refuses the call with UNAUTHENTICATED."""
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+        yield None  # pragma: no cover - abort raises
+
+    ser, deser = handler.response_serializer, handler.request_deserializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary, deser, ser)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming, deser, ser)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, deser, ser)
+    return grpc.stream_stream_rpc_method_handler(streaming, deser, ser)
+
+
+class TokenCheck(grpc.aio.ServerInterceptor):
+    """Refuses every call that does not carry the cluster token (no token configured: all pass)."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or token_ok(self.token, bearer(details.invocation_metadata)):
+            return handler
+        return _denied(handler)
+
+
+class _Token:
+    def __init__(self, token: str) -> None:
+        self.pair = ("authorization", f"Bearer {token}")
+
+    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(d.metadata or ()), self.pair)
+        return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
+
+
+# one class per call shape: a channel files each interceptor under the first shape it matches
+class _TokenUnaryUnary(_Token, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _TokenUnaryStream(_Token, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _TokenStreamStream(_Token, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+
+# A worker that stops answering (frozen, partitioned) is noticed within about keepalive time + timeout,
+# even on a stream with no traffic; servers allow pings that often.
+CHANNEL_OPTIONS = [
+    ("grpc.enable_retries", 0),
+    ("grpc.keepalive_time_ms", 5000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),  # a port in use is an error, never a second listener on it
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 4000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+def open_channel(address: str, token: str | None, tls: Tls = NO_TLS) -> grpc.aio.Channel:
+    interceptors: list[Any] | None = None
+    if token:
+        interceptors = [_TokenUnaryUnary(token), _TokenUnaryStream(token), _TokenStreamStream(token)]
+    if tls.enabled:
+        return grpc.aio.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, CHANNEL_OPTIONS, interceptors=interceptors)
+
+
+class PortInUse(RuntimeError):
+    pass
+
+
+def make_server(address: str, token: str | None, tls: Tls = NO_TLS) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server bound to `address` (port 0: any free port) that checks the token on every call.
+    Raises `PortInUse` naming the address when it cannot bind."""
+    server = grpc.aio.server(interceptors=[TokenCheck(token)], options=SERVER_OPTIONS)
+    try:
+        if tls.enabled:
+            port = server.add_secure_port(address, tls.server_credentials())
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise PortInUse(f"cannot listen on {address} (in use, or not an address of this host)")
+    return server, port
