@@ -55,7 +55,7 @@ class BodyGuard:
                 return
         where = _lone_surrogate(bytes(body))
         if where is not None:
-            await _reply(send, 400, f"{where or 'body'}: strings must be valid UTF-8 (a lone surrogate)", where)
+            await _reply(send, 400, f"{where or 'body'}: strings must be valid UTF-8 (a lone surrogate)", where or None)
             return
         replayed = False
 
@@ -90,7 +90,7 @@ def _lone_surrogate(body: bytes) -> str | None:
             for k, v in node.items():
                 sub = f"{path}.{k}" if path else str(k)
                 if not _utf8(k):
-                    return path or "body"
+                    return path
                 hit = walk(v, sub)
                 if hit is not None:
                     return hit

@@ -49,6 +49,8 @@ class WriterClosedError(RuntimeError):
 class _Batch:
     inserts: dict[str, dict[str, Any]] = field(default_factory=dict)  # request id → fields, in order
     updates: dict[str, dict[str, Any]] = field(default_factory=dict)  # request id → merged fields
+    # request id → the insert as submitted, before updates merged into it (to split them apart again)
+    original: dict[str, dict[str, Any]] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
     tries: int = 0
 
@@ -98,6 +100,7 @@ class BatchWriter:
         if request_id in self._pending.inserts:
             raise ValueError(f"request {request_id!r} is already pending insertion")
         row = dict(fields)
+        self._pending.original[request_id] = dict(fields)
         # An update submitted before its insert (unusual) still lands after it.
         early = self._pending.updates.pop(request_id, None)
         if early:
@@ -130,6 +133,10 @@ class BatchWriter:
             _check_columns(row, LOAD_SAMPLE_COLUMNS)
         self._pending.samples.extend(new_rows)
         self._maybe_wake()
+
+    def inserting(self, request_id: str) -> bool:
+        """Whether an insert of this request id is queued (submitted, not yet written)."""
+        return request_id in self._pending.inserts or (self._retry is not None and request_id in self._retry.inserts)
 
     @property
     def pending(self) -> int:
@@ -264,12 +271,20 @@ class BatchWriter:
         written and a batch of those that failed for the database's own reasons (to try again)."""
         again = _Batch(tries=batch.tries)
         written = 0
+        updates = dict(batch.updates)
         for rid, row in batch.inserts.items():
-            outcome = self._one(rid, partial(self.store.write_batch, inserts=[row]))
+            original = batch.original.get(rid, row)
+            outcome = self._one(rid, partial(self.store.write_batch, inserts=[row]), quiet=row != original)
+            if outcome == "bad" and row != original:  # perhaps an update merged into it: split them again
+                later = {k: v for k, v in row.items() if k not in original or original[k] != v}
+                outcome = self._one(rid, partial(self.store.write_batch, inserts=[original]))
+                # the updates still apply: to the row just written, or to the one a duplicate insert hit
+                updates[rid] = later | updates.get(rid, {})
             written += outcome == "ok"
             if outcome == "again":
                 again.inserts[rid] = row
-        for rid, fields in batch.updates.items():
+                again.original[rid] = original
+        for rid, fields in updates.items():
             if rid in again.inserts:  # its insert waits: the update lands with it
                 again.inserts[rid].update(fields)
                 continue
@@ -288,15 +303,17 @@ class BatchWriter:
                 again.samples.append(sample)
         return written, again
 
-    def _one(self, rid: str, write: Callable[[], int]) -> str:
-        """ "ok", "again" (the database's own failure: try later) or "bad" (this row: logged, dropped)."""
+    def _one(self, rid: str, write: Callable[[], int], quiet: bool = False) -> str:
+        """Write one row: "ok"; "again" (the database's own failure: try it later); "bad" (its content:
+        logged and dropped, unless `quiet` — the caller tries it another way)."""
         try:
             write()
         except OperationalError:
             return "again"
         except Exception as e:
-            self.rows_dropped += 1
-            logger.error("status table refused the row of %s; dropped: %s", rid, _one_line(e))
+            if not quiet:
+                self.rows_dropped += 1
+                logger.error("status table refused the row of %s; dropped: %s", rid, _one_line(e))
             return "bad"
         return "ok"
 

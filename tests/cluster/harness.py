@@ -17,6 +17,7 @@ class LiveCluster:
     daemon: subprocess.Popen[str]
     workers: dict[str, subprocess.Popen[str]] = field(default_factory=dict)  # instance id -> process
     token: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of every process started
 
     @property
     def db_url(self) -> str:
@@ -29,12 +30,13 @@ class LiveCluster:
         time_scale: float = 50.0,
         token: str | None = None,
         expect_ready: bool = True,
+        extra: list[str] | None = None,
     ) -> tuple[subprocess.Popen[str], dict]:
         args = ["--role", role, "--daemon", self.grpc, "--profile", profile, "--time-scale", str(time_scale)]
         tok = token if token is not None else self.token
         if tok:
             args += ["--token", tok]
-        p = spawn("workers.main", args)
+        p = spawn("workers.main", args + (extra or []), self.env)
         if not expect_ready:
             return p, {}
         info = wait_ready(p, f"{role} worker")
@@ -54,14 +56,15 @@ def start_cluster(
     time_scale: float = 50.0,
     token: str | None = None,
     host: str = "127.0.0.1",
+    env: dict[str, str] | None = None,
 ) -> LiveCluster:
     args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state_dir), "--mode", mode, "--host", host]
     args += ["--time-scale", str(time_scale)]  # one cluster clock: the daemon runs the workers' scale
     if token:
         args += ["--token", token]
-    daemon = spawn("daemon.main", args)
+    daemon = spawn("daemon.main", args, env)
     ready = wait_ready(daemon, "daemon")
-    cluster = LiveCluster(ready["url"], ready["grpc"], state_dir, daemon, token=token)
+    cluster = LiveCluster(ready["url"], ready["grpc"], state_dir, daemon, token=token, env=dict(env or {}))
     try:
         for role in roles:
             cluster.add_worker(role, profile, time_scale)

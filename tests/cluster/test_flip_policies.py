@@ -86,7 +86,7 @@ def test_flip_under_load_loses_nothing_and_serves_nothing_twice(cluster: LiveClu
     wait_for(lambda: any(f["outcome"] == "done" for f in table(cluster, "flips")))
     flip = table(cluster, "flips")[0]
     assert flip["instance_id"] == decode and flip["from_role"] == "decode" and flip["to_role"] == "prefill"
-    assert flip["started_ts"] <= flip["drained_ts"] <= flip["done_ts"] and flip["requested_by"] == "admin-api"
+    assert flip["started_ts"] <= flip["drained_ts"] <= flip["done_ts"] and flip["requested_by"] == "local"
     wait_for(lambda: all(r["status"] == "finished" for r in table(cluster, "requests") if r["id"] in ids))
     rows = {r["id"]: r for r in table(cluster, "requests") if r["id"] in ids}
     assert len(rows) == 60 and all(r["status"] == "finished" for r in rows.values())
@@ -162,14 +162,14 @@ def test_policy_hot_swap_validated_audited_and_applied(cluster: LiveCluster):
                 "predictor_accuracy": 0.749,
                 "decode_admission": "reserve-dynamic",
             },
-            headers={"x-tetri-user": "alice"},
+            headers={"x-tetri-user": "alice"},  # a free header names nobody: no token, the caller is `local`
         )
         assert r.status_code == 200, r.text
         assert r.json()["version"] == 1 and sorted(r.json()["changed"]) == sorted(
             ["prefill_policy", "chunk_size", "dispatch", "predictor", "predictor_accuracy", "decode_admission"]
         )
         audit = table(cluster, "audit")
-        assert {a["field"] for a in audit} >= {"chunk_size", "prefill_policy"} and audit[0]["requested_by"] == "alice"
+        assert {a["field"] for a in audit} >= {"chunk_size", "prefill_policy"} and audit[0]["requested_by"] == "local"
         # the workers took the new policies without a restart (they acknowledge the version) and keep serving
         wait_for(lambda: {i["policy_version"] for i in h.get("/api/v1/instances").json()["instances"]} == {1})
         client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0)

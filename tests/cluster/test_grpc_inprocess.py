@@ -24,6 +24,7 @@ from tetri.costmodel import load_profile
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers, auth_metadata
 from tetri.proto.security import make_server
+from tetri.scheduling.dispatch import DecodeLoad
 from tetri.scheduling.instance import Phase
 from workers.control import ControlLink, RegistrationRefused
 from workers.engines.sim import SimEngine, sim_token
@@ -63,14 +64,14 @@ class Node:
 
 
 @asynccontextmanager
-async def _worker(role: str, instance_id: str, scale: float = SCALE) -> AsyncIterator[Node]:
+async def _worker(role: str, instance_id: str, scale: float = SCALE, token: str | None = None) -> AsyncIterator[Node]:
     engine = SimEngine(PROFILE, role, instance_id, ScaledClock(scale))
-    peers = Peers()
+    peers = Peers(token)
     service = WorkerService(engine, role, instance_id, peers)
     await engine.start()
     try:
         async with (
-            _serve(lambda s: rpc.add_WorkerServicer_to_server(service, s)) as address,
+            _serve(lambda s: rpc.add_WorkerServicer_to_server(service, s), token) as address,
             grpc.aio.insecure_channel(address) as channel,
         ):
             yield Node(service, engine, address, rpc.WorkerStub(channel))
@@ -870,5 +871,51 @@ def test_empty_prompt_and_zero_max_tokens_are_errors() -> None:
             zero = await _collect(c1.stub.Generate(_gen("z", _prompt(4), 0)))
             assert zero[-1].finish_reason == "error"
             assert "max_tokens" in zero[-1].error
+
+    _run(scenario)
+
+
+def test_every_worker_rpc_needs_the_cluster_token() -> None:
+    """A worker started with a token refuses every RPC without it (or with another), however it is
+    called: no Generate, no Attach of another request's stream, no Cancel, Flip, SetPlan, Accept or Info.
+    The cluster's own calls (Peers with the token) go through: a prefill instance hands over to a decode
+    instance with them."""
+
+    async def scenario() -> None:
+        async with (
+            _worker("prefill", "p1", token=TOKEN) as p1,
+            _worker("decode", "d1", token=TOKEN) as d1,
+        ):
+            gen = pb.GenerateRequest(request_id="r", prompt_token_ids=[1, 2, 3], max_tokens=4)
+            calls = {
+                "Generate": lambda stub, md: stub.Generate(gen, metadata=md).read(),
+                "Attach": lambda stub, md: stub.Attach(pb.AttachRequest(request_id="r"), metadata=md).read(),
+                "Cancel": lambda stub, md: stub.Cancel(pb.CancelRequest(request_id="r"), metadata=md),
+                "Flip": lambda stub, md: stub.Flip(pb.FlipRequest(to_role="decode"), metadata=md),
+                "SetPlan": lambda stub, md: stub.SetPlan(pb.PlanRequest(clear=True), metadata=md),
+                "Accept": lambda stub, md: stub.Accept(pb.AcceptRequest(request=gen), metadata=md),
+                "Info": lambda stub, md: stub.Info(pb.InfoRequest(), metadata=md),
+            }
+            for node in (p1, d1):
+                for name, call in calls.items():
+                    for md in ((), auth_metadata("wrong"), (("authorization", TOKEN),)):
+                        with pytest.raises(grpc.aio.AioRpcError) as exc:
+                            await call(node.stub, md)
+                        assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
+            assert p1.service.role == "prefill" and p1.service.state == "active"  # the Flip did nothing
+
+            peers = Peers(TOKEN)
+            try:
+                info = await peers.worker(d1.address).Info(pb.InfoRequest())
+                assert info.instance_id == "d1"
+                p1.service.decode_view.update(
+                    [(d1.address, "active", DecodeLoad("d1", 0, d1.engine.kv_capacity, 0, 0, 0))]
+                )
+                chunks = [c async for c in peers.worker(p1.address).Generate(gen)]
+                assert chunks[-1].handoff.decode_instance_id == "d1"
+                rest = [c async for c in peers.worker(d1.address).Attach(pb.AttachRequest(request_id="r"))]
+                assert sum(len(c.token_ids) for c in chunks + rest) == 4 and rest[-1].finished
+            finally:
+                await peers.close()
 
     _run(scenario)

@@ -115,7 +115,7 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
             raise WorkloadError(f"{source}: needs 'batches' or 'schedule'")
         try:
             rows = sorted(rows, key=lambda r: (int(r["start"]), str(r["id"])))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: an infinite start
             raise WorkloadError(f"{source}: every schedule entry needs 'id' and integer 'start'") from None
         order = [str(r["id"]) for r in rows]
     backlog = _backlog(rows, source)

@@ -1,0 +1,84 @@
+"""Property: whatever sequence of inserts, updates and flushes the batched writer gets — including rows
+the database refuses (integers past SQLite's range, strings that are not UTF-8, duplicate ids) — no
+valid request row is lost, a refused value affects only its own request, and a request told it finished
+never stays `running`."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from daemon.db.store import Store
+from daemon.db.writer import BatchWriter
+
+IDS = [f"r{i}" for i in range(6)]
+BAD_INSERT = {"huge": {"max_tokens": 10**30}, "surrogate": {"model": "\ud800"}}
+BAD_UPDATE = {"huge": {"kv_loaded_tokens": 10**30}, "surrogate": {"decode_instance": "x\udfff"}}
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), st.sampled_from(IDS), st.sampled_from([None, "huge", "surrogate"])),
+        st.tuples(st.just("tokens"), st.sampled_from(IDS), st.integers(0, 5000), st.sampled_from([None, *BAD_UPDATE])),
+        st.tuples(st.just("finish"), st.sampled_from(IDS), st.sampled_from([None, *BAD_UPDATE])),
+        st.tuples(st.just("flush")),
+    ),
+    max_size=40,
+)
+
+
+def _run(store: Store, sequence: list[tuple[Any, ...]]) -> tuple[set[str], dict[str, int], set[str], BatchWriter]:
+    """Play the sequence; returns the model: ids validly inserted, their last output count, finished ids."""
+    inserted: set[str] = set()
+    tokens: dict[str, int] = {}
+    finished: set[str] = set()
+    writer = BatchWriter(store, flush_interval_s=60.0)
+
+    async def play() -> None:
+        for op in sequence:
+            kind, rid = op[0], op[1] if len(op) > 1 else ""
+            if kind == "flush":
+                await writer.flush()
+            elif kind == "insert":
+                row = {"id": rid, "model": "m", "arrival_ts": 1.0, "max_tokens": 8} | BAD_INSERT.get(op[2] or "", {})
+                try:
+                    writer.submit_request_insert(**row)
+                except ValueError:  # a second insert of an id still pending: refused at once
+                    continue
+                if op[2] is None and rid not in inserted:
+                    inserted.add(rid)
+                    tokens[rid] = 0
+            elif rid in inserted:  # updates of requests the writer has been told about
+                bad = BAD_UPDATE.get(op[-1] or "", {})
+                if kind == "tokens":
+                    writer.submit_request_update(rid, output_tokens=op[2], **bad)
+                    tokens[rid] = op[2]
+                else:
+                    writer.submit_request_update(rid, status="finished", phase="done", **bad)
+                    finished.add(rid)
+        await writer.stop()
+
+    asyncio.run(play())
+    return inserted, tokens, finished, writer
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=ops)
+def test_no_valid_row_is_lost(sequence: list[tuple[Any, ...]]) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        store = Store.open(f"sqlite:///{Path(d) / 'tetri.db'}")
+        try:
+            inserted, tokens, finished, writer = _run(store, sequence)
+            rows = {r["id"]: r for r in store.list_requests(None, None, 1000, 0)[0]}
+        finally:
+            store.close()
+    assert set(rows) == inserted  # every valid insert landed; no refused one did
+    for rid in inserted:
+        assert rows[rid]["output_tokens"] == tokens[rid], rid
+        assert rows[rid]["status"] == ("finished" if rid in finished else "running"), rid
+        assert rows[rid]["model"] == "m" and rows[rid]["max_tokens"] == 8
+    assert writer.pending == 0
