@@ -335,6 +335,9 @@ class Gateway:
         handoff: Handoff | None = None
         while handoff is None:
             entry = await self._entry(fl, frozenset(refused + fl.migrated_from))
+            if fl.interrupted:
+                yield Failed(fl.interrupted, Status.INTERRUPTED)
+                return
             if isinstance(entry, str):
                 yield Failed(f"{entry}; refused by {', '.join(refused)}" if refused else entry)
                 return

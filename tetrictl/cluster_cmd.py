@@ -84,7 +84,12 @@ def worker_start(
     host: Annotated[str | None, typer.Option(help="Bind address of the worker's gRPC service.")] = None,
     port: Annotated[int | None, typer.Option(help="Port of the worker's gRPC service (0 = any).")] = None,
     instance_id: Annotated[str | None, typer.Option(help="Instance id (default <role>-<port>).")] = None,
-    token: Annotated[str | None, typer.Option(help="Bearer token for registration.")] = None,
+    advertise: Annotated[
+        str | None, typer.Option(help="host:port others reach this worker at (default: a routable bind address).")
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(help="The cluster token: on every call, required of every call to this worker.")
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Run one worker in the foreground; it registers with the daemon (prints a JSON ready line)."""
@@ -95,6 +100,7 @@ def worker_start(
         ("--host", host),
         ("--port", port),
         ("--instance-id", instance_id),
+        ("--advertise", advertise),
         ("--token", token),
         ("--config", config),
         ("--model", model),

@@ -115,8 +115,11 @@ class LocalCluster:
         self.workers[i - 1] = info
         return info
 
-    def stop(self) -> None:
-        stop_all(self.procs)
+    def stop(self, drain_s: float = 35.0) -> None:
+        """The daemon first: SIGTERM makes it drain (in-flight requests finish on the still-running
+        workers, up to its drain_grace_s), waited for up to `drain_s`; then the workers."""
+        stop_all(self.procs[:1], grace=drain_s)
+        stop_all(self.procs[1:])
 
 
 def start_local_cluster(

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -88,14 +89,22 @@ def instance(c: LiveCluster, iid: str) -> dict:
     return httpx.get(f"{c.url}/api/v1/instances/{iid}", timeout=5).json()
 
 
-async def kill_when(c: LiveCluster, victim: str, ready: callable, streams: list[Stream]) -> None:  # type: ignore[valid-type]
+async def serving(h: httpx.AsyncClient, iid: str) -> int:
+    """Requests the daemon has on this instance now."""
+    return int((await h.get(f"/api/v1/instances/{iid}")).json()["inflight"])
+
+
+async def stop_when(
+    c: LiveCluster, victim: str, ready: Callable[[httpx.AsyncClient], Awaitable[bool]], streams: list[Stream], sig: int
+) -> None:
+    """Run the streams; send `sig` to the victim once `ready`; wait for every stream to end."""
     async with httpx.AsyncClient(base_url=c.url, timeout=120) as h:
         tasks = [asyncio.create_task(s.run(h)) for s in streams]
-        deadline = time.monotonic() + 30
-        while not ready():
-            assert time.monotonic() < deadline, "the streams never reached the point to kill at"
+        deadline = time.monotonic() + 60
+        while not await ready(h):
+            assert time.monotonic() < deadline, "the streams never reached the point to stop the worker at"
             await asyncio.sleep(0.01)
-        c.workers[victim].send_signal(signal.SIGKILL)
+        c.workers[victim].send_signal(sig)
         await asyncio.gather(*tasks)
 
 
@@ -119,12 +128,12 @@ def test_decode_worker_killed_under_20_streams(tmp_path: Path):
     c = start_cluster(tmp_path, ["prefill", "decode", "decode"], time_scale=5.0)
     try:
         victim = next(i for i in c.workers if i.startswith("decode"))
-        streams = [Stream(p, 300) for p in prompts(20, 12)]
+        streams = [Stream(p, 600) for p in prompts(20, 12)]
 
-        def decoding() -> bool:  # every stream past its first tokens: all are on decode instances
-            return all(len(s.tokens) >= 3 for s in streams) and instance(c, victim)["inflight"] > 0
+        async def decoding(h: httpx.AsyncClient) -> bool:  # several streams decoding on the victim
+            return sum(len(s.tokens) >= 3 for s in streams) >= 5 and await serving(h, victim) >= 3
 
-        asyncio.run(kill_when(c, victim, decoding, streams))
+        asyncio.run(stop_when(c, victim, decoding, streams, signal.SIGKILL))
         rows = check_complete(c, streams, victim)
         assert all(r["decode_instance"] != victim for r in rows.values() if r["id"] in {s.id for s in streams})
     finally:
@@ -137,7 +146,11 @@ def test_prefill_worker_killed_under_20_streams(tmp_path: Path):
     try:
         victim = next(i for i in c.workers if i.startswith("prefill"))
         streams = [Stream(p, 20) for p in prompts(20, 300)]
-        asyncio.run(kill_when(c, victim, lambda: instance(c, victim)["inflight"] >= 3, streams))
+
+        async def prefilling(h: httpx.AsyncClient) -> bool:
+            return await serving(h, victim) >= 3
+
+        asyncio.run(stop_when(c, victim, prefilling, streams, signal.SIGKILL))
         check_complete(c, streams, victim)
     finally:
         c.stop()
@@ -252,4 +265,22 @@ def test_ready_after_restart_readyz(tmp_path: Path):
         assert ready["recovered_interrupted"] == 0
         assert all_rows(c.db_url)[r.json()["id"]]["status"] == "finished"
     finally:
+        c.stop()
+
+
+def test_frozen_decode_worker_is_migrated_around(tmp_path: Path):
+    """A decode worker that stops answering without closing anything (SIGSTOP: the process is frozen, its
+    sockets open) is noticed by gRPC keepalive; its streams migrate and complete exactly."""
+    c = start_cluster(tmp_path, ["prefill", "decode", "decode"], time_scale=5.0)
+    victim = next(i for i in c.workers if i.startswith("decode"))
+    try:
+        streams = [Stream(p, 1000) for p in prompts(6, 12)]
+
+        async def decoding(h: httpx.AsyncClient) -> bool:
+            return sum(len(s.tokens) >= 3 for s in streams) >= 3 and await serving(h, victim) >= 1
+
+        asyncio.run(stop_when(c, victim, decoding, streams, signal.SIGSTOP))
+        check_complete(c, streams, victim)
+    finally:
+        c.workers[victim].send_signal(signal.SIGCONT)
         c.stop()
