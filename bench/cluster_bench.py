@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tetri.proto import pb, rpc
+from tetri.proto.security import open_channel
 from tetrictl.procs import start_local_cluster
 
 console = Console(width=120)
@@ -39,9 +40,10 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def direct(prefill_addr: str, n: int) -> list[float]:
+async def direct(prefill_addr: str, n: int, token: str | None) -> list[float]:
+    """The daemon's calls, made straight to the workers (with the cluster token, as the daemon does)."""
     lat = []
-    async with grpc.aio.insecure_channel(prefill_addr) as ch:
+    async with open_channel(prefill_addr, token) as ch:
         stub = rpc.WorkerStub(ch)
         decode_channels: dict[str, grpc.aio.Channel] = {}
         for i in range(n):
@@ -54,7 +56,7 @@ async def direct(prefill_addr: str, n: int) -> list[float]:
                 if chunk.HasField("handoff"):
                     handoff = chunk.handoff
             assert handoff is not None
-            dch = decode_channels.setdefault(handoff.decode_address, grpc.aio.insecure_channel(handoff.decode_address))
+            dch = decode_channels.setdefault(handoff.decode_address, open_channel(handoff.decode_address, token))
             async for chunk in rpc.WorkerStub(dch).Attach(pb.AttachRequest(request_id=f"direct-{i}")):
                 got += len(chunk.token_ids)
             assert got == MAX_TOKENS
@@ -122,9 +124,13 @@ def main() -> None:
     try:
         time.sleep(0.5)  # one broadcast so the prefill instance knows the decode instance
         asyncio.run(through_daemon(ready["url"], 100, 8))  # warm-up
-        d = asyncio.run(direct(workers["prefill"]["address"], a.latency_requests))
+        d = asyncio.run(
+            direct(workers["prefill"]["address"], a.latency_requests, cluster.env.get("TETRI_WORKER_TOKEN"))
+        )
         t, _ = asyncio.run(through_daemon(ready["url"], a.latency_requests, 1))
-        d2 = asyncio.run(direct(workers["prefill"]["address"], a.latency_requests))
+        d2 = asyncio.run(
+            direct(workers["prefill"]["address"], a.latency_requests, cluster.env.get("TETRI_WORKER_TOKEN"))
+        )
         d += d2
         ms = 1000.0
         table(

@@ -274,7 +274,7 @@ def test_frozen_decode_worker_is_migrated_around(tmp_path: Path):
     c = start_cluster(tmp_path, ["prefill", "decode", "decode"], time_scale=5.0)
     victim = next(i for i in c.workers if i.startswith("decode"))
     try:
-        streams = [Stream(p, 1000) for p in prompts(6, 12)]
+        streams = [Stream(p, 500) for p in prompts(6, 12)]
 
         async def decoding(h: httpx.AsyncClient) -> bool:
             return sum(len(s.tokens) >= 3 for s in streams) >= 3 and await serving(h, victim) >= 1

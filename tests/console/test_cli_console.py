@@ -141,7 +141,7 @@ def test_policy_and_flip_policy(cluster: LiveCluster):
     assert ok_json(cluster, "policy", "show")["policies"]["chunk_size"] == 256  # state unchanged by the refusals
     hist = ok_json(cluster, "policy", "history")["changes"]
     assert {h["field"] for h in hist} >= {"prefill_policy", "chunk_size"}
-    assert all(h["requested_by"] == "tetrictl" for h in hist)
+    assert all(h["requested_by"] == "local" for h in hist)  # no admin token: the caller is `local`
 
     fp = ok_json(cluster, "flip-policy", "show")
     assert fp["flip_policy"] == "off"

@@ -70,7 +70,7 @@ def test_flip_from_the_dashboard(cluster: LiveCluster):
 
                 await until(flipped, pilot)
                 await until(lambda: table.get_row(target)[1] == "prefill", pilot)
-                assert any(f["requested_by"] == "tetrictl" and f["reason"] == "tetrictl top" for f in await c.flips())
+                assert any(f["requested_by"] == "local" and f["reason"] == "tetrictl top" for f in await c.flips())
                 # the last decode instance cannot flip: the daemon refuses, the dashboard says so and goes on
                 last = next(i["id"] for i in app.instances if i["role"] == "decode")
                 highlight(table, last)

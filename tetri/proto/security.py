@@ -128,6 +128,7 @@ CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 0),
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.http2.ping_timeout_ms", 5000),  # newer gRPC cores wait this long (default 60 s) for the ping's ack
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
