@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tetri.proto import pb, rpc
+from tetri.proto.peers import auth_metadata
 from tetri.proto.security import open_channel
 from tetrictl.procs import start_local_cluster
 
@@ -43,7 +44,8 @@ def pct(xs: list[float], q: float) -> float:
 async def direct(prefill_addr: str, n: int, token: str | None) -> list[float]:
     """The daemon's calls, made straight to the workers (with the cluster token, as the daemon does)."""
     lat = []
-    async with open_channel(prefill_addr, token) as ch:
+    md = auth_metadata(token)
+    async with open_channel(prefill_addr) as ch:
         stub = rpc.WorkerStub(ch)
         decode_channels: dict[str, grpc.aio.Channel] = {}
         for i in range(n):
@@ -51,13 +53,13 @@ async def direct(prefill_addr: str, n: int, token: str | None) -> list[float]:
             handoff = None
             got = 0
             req = pb.GenerateRequest(request_id=f"direct-{i}", prompt_token_ids=PROMPT, max_tokens=MAX_TOKENS)
-            async for chunk in stub.Generate(req):
+            async for chunk in stub.Generate(req, metadata=md):
                 got += len(chunk.token_ids)
                 if chunk.HasField("handoff"):
                     handoff = chunk.handoff
             assert handoff is not None
-            dch = decode_channels.setdefault(handoff.decode_address, open_channel(handoff.decode_address, token))
-            async for chunk in rpc.WorkerStub(dch).Attach(pb.AttachRequest(request_id=f"direct-{i}")):
+            dch = decode_channels.setdefault(handoff.decode_address, open_channel(handoff.decode_address))
+            async for chunk in rpc.WorkerStub(dch).Attach(pb.AttachRequest(request_id=f"direct-{i}"), metadata=md):
                 got += len(chunk.token_ids)
             assert got == MAX_TOKENS
             lat.append(time.perf_counter() - t0)

@@ -114,22 +114,28 @@ class WorkerClient:
             decode_instance_id=decode_instance_id,
             resumed_tokens=resumed_tokens,
         )
-        return self._stream(self._peers.worker(address).Generate(req))
+        return self._stream(self._peers.worker(address).Generate(req, metadata=self._peers.metadata))
 
     def attach(self, address: str, request_id: str) -> AsyncGenerator[TokenChunk, None]:
-        return self._stream(self._peers.worker(address).Attach(pb.AttachRequest(request_id=request_id)))
+        return self._stream(
+            self._peers.worker(address).Attach(pb.AttachRequest(request_id=request_id), metadata=self._peers.metadata)
+        )
 
     async def cancel(self, address: str, request_id: str, timeout: float) -> bool:
         """Abort the request on that worker; True if the worker had it."""
         try:
-            reply = await self._peers.worker(address).Cancel(pb.CancelRequest(request_id=request_id), timeout=timeout)
+            reply = await self._peers.worker(address).Cancel(
+                pb.CancelRequest(request_id=request_id), timeout=timeout, metadata=self._peers.metadata
+            )
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
         return bool(reply.found)
 
     async def flip(self, address: str, to_role: str, timeout: float) -> Reply:
         try:
-            reply = await self._peers.worker(address).Flip(pb.FlipRequest(to_role=to_role), timeout=timeout)
+            reply = await self._peers.worker(address).Flip(
+                pb.FlipRequest(to_role=to_role), timeout=timeout, metadata=self._peers.metadata
+            )
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
         return Reply(reply.ok, reply.reason)
@@ -138,14 +144,14 @@ class WorkerClient:
         """Load a Sorted-F plan's admission order into a decode worker; None clears it."""
         msg = pb.PlanRequest(clear=True) if order is None else pb.PlanRequest(order=order)
         try:
-            reply = await self._peers.worker(address).SetPlan(msg, timeout=timeout)
+            reply = await self._peers.worker(address).SetPlan(msg, timeout=timeout, metadata=self._peers.metadata)
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
         return Reply(reply.ok, reply.reason)
 
     async def info(self, address: str, timeout: float) -> WorkerInfo:
         try:
-            r = await self._peers.worker(address).Info(pb.InfoRequest(), timeout=timeout)
+            r = await self._peers.worker(address).Info(pb.InfoRequest(), timeout=timeout, metadata=self._peers.metadata)
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
         return WorkerInfo(r.instance_id, r.role, r.model, r.max_model_len, load_from_pb(r.load))

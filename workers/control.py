@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from tetri.proto import pb, rpc
+from tetri.proto.peers import auth_metadata
 from tetri.proto.security import NO_TLS, Tls, open_channel
 
 from .service import WorkerService
@@ -54,6 +55,7 @@ class ControlLink:
                 kv_capacity_tokens=u.kv_capacity_tokens,
                 vocab_size=self.service.engine.vocab_size,
             ),
+            metadata=auth_metadata(self.token),
             timeout=5,
         )
         if not reply.accepted:
@@ -69,14 +71,14 @@ class ControlLink:
     async def run(self) -> None:
         """Stay connected until stopped. A refused registration ends the worker (RegistrationRefused)."""
         backoff = 0.1
-        async with open_channel(self.daemon, self.token, self.tls) as channel:  # every call carries the token
+        async with open_channel(self.daemon, self.tls) as channel:
             stub = rpc.ControlPlaneStub(channel)
             while not self._stop.is_set():
                 try:
                     await self.register(stub)
                     self.registered.set()
                     backoff = 0.1
-                    call = stub.ReportLoad(self._reports())
+                    call = stub.ReportLoad(self._reports(), metadata=auth_metadata(self.token))
                     async for msg in call:
                         self.service.on_broadcast(msg)
                 except RegistrationRefused:

@@ -288,7 +288,7 @@ class WorkerService(rpc.WorkerServicer):
             decode_id, address = target
             # Accept returns once the decode instance has taken the KV (its admission pulled it), which may
             # wait behind its queue: no deadline. Cancelling the call drops the request there too.
-            call = self.peers.worker(address).Accept(accept)
+            call = self.peers.worker(address).Accept(accept, metadata=self.peers.metadata)
             self.handing_over[rid] = call
             try:
                 reply = await call

@@ -906,14 +906,15 @@ def test_every_worker_rpc_needs_the_cluster_token() -> None:
 
             peers = Peers(TOKEN)
             try:
-                info = await peers.worker(d1.address).Info(pb.InfoRequest())
+                info = await peers.worker(d1.address).Info(pb.InfoRequest(), metadata=peers.metadata)
                 assert info.instance_id == "d1"
                 p1.service.decode_view.update(
                     [(d1.address, "active", DecodeLoad("d1", 0, d1.engine.kv_capacity, 0, 0, 0))]
                 )
-                chunks = [c async for c in peers.worker(p1.address).Generate(gen)]
+                chunks = [c async for c in peers.worker(p1.address).Generate(gen, metadata=peers.metadata)]
                 assert chunks[-1].handoff.decode_instance_id == "d1"
-                rest = [c async for c in peers.worker(d1.address).Attach(pb.AttachRequest(request_id="r"))]
+                attach = peers.worker(d1.address).Attach(pb.AttachRequest(request_id="r"), metadata=peers.metadata)
+                rest = [c async for c in attach]
                 assert sum(len(c.token_ids) for c in chunks + rest) == 4 and rest[-1].finished
             finally:
                 await peers.close()

@@ -1,8 +1,8 @@
 """Who may call a cluster's gRPC services, and over what: the cluster token on every call (checked in
-constant time by a server interceptor, attached by a client interceptor) and optional TLS.
+constant time by a server interceptor) and optional TLS.
 
-Every gRPC server (the daemon's ControlPlane, each worker's Worker service) is built by `make_server`
-and every channel by `open_channel`, so no call can leave or arrive without these checks.
+Every gRPC server (the daemon's ControlPlane, each worker's Worker service) is built by `make_server`,
+so no call is served without the token; every channel is opened by `open_channel`.
 """
 
 from __future__ import annotations
@@ -97,31 +97,6 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         return _denied(handler)
 
 
-class _Token:
-    def __init__(self, token: str) -> None:
-        self.pair = ("authorization", f"Bearer {token}")
-
-    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(d.metadata or ()), self.pair)
-        return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
-
-
-# one class per call shape: a channel files each interceptor under the first shape it matches
-class _TokenUnaryUnary(_Token, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _TokenUnaryStream(_Token, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _TokenStreamStream(_Token, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(details), request_iterator)
-
-
 # A worker that stops answering (frozen, partitioned) is noticed within about keepalive time + timeout,
 # even on a stream with no traffic; servers allow pings that often.
 CHANNEL_OPTIONS = [
@@ -140,13 +115,12 @@ SERVER_OPTIONS = [
 ]
 
 
-def open_channel(address: str, token: str | None, tls: Tls = NO_TLS) -> grpc.aio.Channel:
-    interceptors: list[Any] | None = None
-    if token:
-        interceptors = [_TokenUnaryUnary(token), _TokenUnaryStream(token), _TokenStreamStream(token)]
+def open_channel(address: str, tls: Tls = NO_TLS) -> grpc.aio.Channel:
+    """A channel with keepalive (and TLS when configured); calls pass the token as metadata
+    (`tetri.proto.peers`)."""
     if tls.enabled:
-        return grpc.aio.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS, interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, CHANNEL_OPTIONS, interceptors=interceptors)
+        return grpc.aio.secure_channel(address, tls.channel_credentials(), CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(address, CHANNEL_OPTIONS)
 
 
 class PortInUse(RuntimeError):
