@@ -56,7 +56,7 @@ class DrainingServer(uvicorn.Server):
     async def _drain(self, gateway: Gateway) -> None:
         gateway.begin_drain()
         if gateway.inflight:
-            log.warning("draining: %d request(s) in flight, up to %.0f s", len(gateway.inflight), self.grace_s)
+            log.warning("draining: %d request(s) in flight, up to %g s", len(gateway.inflight), self.grace_s)
         deadline = time.monotonic() + self.grace_s
         while gateway.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

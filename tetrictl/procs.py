@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 class StartError(RuntimeError):
@@ -30,11 +30,14 @@ def _die_with_parent() -> None:
         pass
 
 
-def spawn(module: str, args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def spawn(
+    module: str, args: list[str], env_extra: dict[str, str] | None = None, stderr: IO[str] | None = None
+) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
     return subprocess.Popen(
         [sys.executable, "-m", module, *args],
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         env=env,
         start_new_session=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from tetrictl.procs import spawn, stop_all, wait_ready
 
@@ -57,12 +58,13 @@ def start_cluster(
     token: str | None = None,
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
+    daemon_stderr: IO[str] | None = None,
 ) -> LiveCluster:
     args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state_dir), "--mode", mode, "--host", host]
     args += ["--time-scale", str(time_scale)]  # one cluster clock: the daemon runs the workers' scale
     if token:
         args += ["--token", token]
-    daemon = spawn("daemon.main", args, env)
+    daemon = spawn("daemon.main", args, env, daemon_stderr)
     ready = wait_ready(daemon, "daemon")
     cluster = LiveCluster(ready["url"], ready["grpc"], state_dir, daemon, token=token, env=dict(env or {}))
     try:

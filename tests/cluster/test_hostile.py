@@ -53,6 +53,7 @@ COMPLETION_CASES: list[tuple[str, Any, str | None]] = [
     ("max_tokens float", OK | {"max_tokens": 4.0}, "max_tokens"),
     ("token id 2^31", OK | {"prompt": [1, 2**31]}, "prompt"),
     ("token id 2^63", OK | {"prompt": [2**63]}, "prompt"),
+    ("token id 2^31 streaming", OK | {"prompt": [2**31], "stream": True}, "prompt"),
     ("token id negative", OK | {"prompt": [1, -1]}, "prompt"),
     ("token id past vocab", OK | {"prompt": [1, 1000]}, "prompt"),
     ("token id bool", OK | {"prompt": [True, 2]}, "prompt"),

@@ -157,7 +157,9 @@ def test_prefill_worker_killed_under_20_streams(tmp_path: Path):
 
 
 def test_daemon_sigterm_drains_under_load(tmp_path: Path):
-    c = start_cluster(tmp_path, ["prefill", "decode"], time_scale=5.0, env={"TETRI_DAEMON_DRAIN_GRACE_S": "1.5"})
+    log = (tmp_path / "daemon.log").open("w")
+    env = {"TETRI_DAEMON_DRAIN_GRACE_S": "1.5"}
+    c = start_cluster(tmp_path, ["prefill", "decode"], time_scale=5.0, env=env, daemon_stderr=log)
     short = [Stream(p, 30) for p in prompts(8, 10)]  # finish well inside the grace period
     long = [Stream(p, 1800) for p in prompts(4, 9)]  # cannot finish in it
     late: list[httpx.Response] = []
@@ -188,7 +190,10 @@ def test_daemon_sigterm_drains_under_load(tmp_path: Path):
             assert r["output_tokens"] == len(s.tokens)
         assert all(rows[s.id]["status"] == "finished" for s in short)
         assert not [r for r in rows.values() if r["status"] == "running"]
+        log.close()
+        assert "Traceback" not in (tmp_path / "daemon.log").read_text()  # a drain, not a crash
     finally:
+        log.close()
         c.stop()
 
 
