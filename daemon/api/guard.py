@@ -39,7 +39,10 @@ class BodyGuard:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+        if declared is not None and not declared.isdigit():
+            await _reply(send, 400, "content-length: not a number of bytes", "content-length")
+            return
+        if declared is not None and int(declared) > self.max_bytes:
             await _reply(send, 413, f"request body over {self.max_bytes} bytes (max_request_bytes)")
             return
         body = bytearray()
