@@ -135,7 +135,8 @@ def up(
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Bring up the embedded cluster: the daemon plus sim workers. Ctrl-C or SIGTERM stops everything."""
+    """Bring up the embedded cluster: the daemon plus sim workers (one that exits is restarted). Ctrl-C or
+    SIGTERM stops everything, the daemon first: it drains its in-flight requests."""
     if mode not in ("disaggregated", "colocated"):
         fail(f"--mode must be disaggregated or colocated, not {mode!r}")
     counts = {"prefill": prefill, "decode": decode} if mode == "disaggregated" else {"colocated": colocated}
