@@ -171,10 +171,12 @@ class Cluster:
 
     # --- registry ---------------------------------------------------------------------------------
     def refusal(self, reg: Registration) -> str | None:
-        """Why this registration is refused: malformed, or its id is held by another live worker (one
-        at another address that has not gone unhealthy). A worker re-registering itself is accepted."""
+        """Why this registration is refused: malformed, or its id is held by another live worker (one at
+        another address that reported within the health limit; a failed call alone does not free the
+        id). A worker re-registering itself is accepted."""
         old = self.instances.get(reg.instance_id)
-        if old is not None and old.address != reg.address and old.state != "unhealthy":
+        limit = self.clock.model_seconds(self.unhealthy_after * self.report_interval_s)
+        if old is not None and old.address != reg.address and self.clock.now() - old.last_report <= limit:
             return f"instance id {reg.instance_id!r} is held by a live worker at {old.address}"
         return reg.refusal()
 
@@ -191,8 +193,10 @@ class Cluster:
             last_report=self.clock.now(),
         )
         old = self.instances.get(reg.instance_id)
-        if old is not None:
+        if old is not None:  # renewed in place: requests in flight there keep counting on this entry
             inst.inflight = old.inflight
+            old.__dict__.update(inst.__dict__)
+            return old
         self.instances[inst.id] = inst
         return inst
 

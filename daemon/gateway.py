@@ -65,6 +65,7 @@ class Refused:
     reason: str
 
 
+RESERVATION_S = 30.0  # a reserved id whose stream never started (client gone) is free again after this
 ENTRY_ATTEMPTS = 3  # entry instances tried when they refuse before starting anything
 
 
@@ -83,6 +84,7 @@ class Inflight:
     cancelled: bool = False
     predicted: tuple[int, int] | None = None
     serving: tuple[str, str] | None = None  # (instance id, address) currently producing tokens
+    counted: Instance | None = None  # the registry entry whose `inflight` counts this request
     timeline: list[tuple[str, float]] = field(default_factory=list)
     output: list[int] = field(default_factory=list)  # tokens streamed so far (a migration re-prefills them)
     migrations: int = 0
@@ -125,7 +127,8 @@ class Gateway:
         self.clock = cluster.clock
         self.workers = workers or WorkerClient()
         self.inflight: dict[str, Inflight] = {}
-        self.reserved: set[str] = set()  # client-chosen ids being checked against the status table
+        # client-chosen ids admitted but not yet in flight (monotonic time of the reservation)
+        self.reserved: dict[str, float] = {}
 
     # --- routing -----------------------------------------------------------------------------------
     def entry_instances(self) -> list[Instance]:
@@ -189,6 +192,7 @@ class Gateway:
             fl.predicted = self.predictor.predict(self.cluster.policies, prompt_ids, rid, max_tokens)
             fl.prompt_head = prompt_ids[:PROMPT_SAMPLE]
         self.inflight[rid] = fl
+        self.reserved.pop(rid, None)
         self.writer.submit_request_insert(
             id=rid,
             model=self.model,
@@ -258,15 +262,15 @@ class Gateway:
             self.metrics.requests.labels(status=end.status).inc()
 
     def _release(self, fl: Inflight) -> None:
-        if fl.serving is not None:
-            inst = self.cluster.instances.get(fl.serving[0])
-            if inst is not None and inst.inflight > 0:
-                inst.inflight -= 1
-            fl.serving = None
+        if fl.counted is not None and fl.counted.inflight > 0:  # that entry, even if re-registered since
+            fl.counted.inflight -= 1
+        fl.counted = None
+        fl.serving = None
 
     def _serve_on(self, fl: Inflight, inst: Instance) -> None:
         self._release(fl)
         fl.serving = (inst.id, inst.address)
+        fl.counted = inst
         inst.inflight += 1
 
     async def _serve(
@@ -334,7 +338,9 @@ class Gateway:
         refused: list[str] = []
         handoff: Handoff | None = None
         while handoff is None:
-            entry = await self._entry(fl, frozenset(refused + fl.migrated_from))
+            # a lost instance is out of routing (unhealthy) until it reports again: a worker restarted under
+            # the same id is a candidate again
+            entry = await self._entry(fl, frozenset(refused))
             if fl.interrupted:
                 yield Failed(fl.interrupted, Status.INTERRUPTED)
                 return
@@ -452,6 +458,13 @@ class Gateway:
             with contextlib.suppress(WorkerCallError):
                 await self.workers.cancel(fl.serving[1], rid, timeout=5)
         return True
+
+    def id_taken(self, rid: str) -> bool:
+        """Whether a client-chosen id is in flight, being admitted, or queued for the status table."""
+        if rid in self.inflight or self.writer.inserting(rid):
+            return True
+        at = self.reserved.get(rid)
+        return at is not None and time.monotonic() - at < RESERVATION_S
 
     # --- graceful drain --------------------------------------------------------------------------------
     def begin_drain(self) -> None:

@@ -54,7 +54,16 @@ class DrainingServer(uvicorn.Server):
         self.drain = self.loop.create_task(self._drain(gateway))
 
     async def _drain(self, gateway: Gateway) -> None:
+        try:
+            await self._drain_requests(gateway)
+        except Exception:
+            log.exception("drain failed; stopping now")
+        finally:
+            self.should_exit = True
+
+    async def _drain_requests(self, gateway: Gateway) -> None:
         gateway.begin_drain()
+        await asyncio.sleep(0.1)  # requests admitted just before the flag reach `inflight`
         if gateway.inflight:
             log.warning("draining: %d request(s) in flight, up to %g s", len(gateway.inflight), self.grace_s)
         deadline = time.monotonic() + self.grace_s
@@ -66,7 +75,6 @@ class DrainingServer(uvicorn.Server):
             end = time.monotonic() + 5
             while gateway.inflight and time.monotonic() < end:
                 await asyncio.sleep(0.02)
-        self.should_exit = True
 
 
 def _error(message: str) -> None:

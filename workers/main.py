@@ -67,8 +67,11 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
     try:  # every call to this worker must carry the cluster token (tetri.proto.security)
         server, port = make_server(f"{settings.host}:{settings.port}", settings.token, tls)
         address = advertised_address(settings, port)
-    except (PortInUse, ValueError) as e:
-        print(json.dumps({"event": "error", "error": str(e)}), flush=True)
+    except (PortInUse, ValueError, OSError) as e:  # OSError: no route to the daemon's host to advertise on
+        print(
+            json.dumps({"event": "error", "error": f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)}),
+            flush=True,
+        )
         return 2
     instance_id = settings.instance_id or f"{settings.role}-{port}"
     engine = build_engine(settings, instance_id)

@@ -87,14 +87,13 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     chosen = body.tetri.request_id if body.tetri else None
     rid = chosen or new_request_id()
     if chosen:  # only a client-chosen id can collide; generated ids skip the lookup on this hot path
-        if rid in gw.inflight or rid in gw.reserved or gw.writer.inserting(rid):
+        if gw.id_taken(rid):
             return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
-        gw.reserved.add(rid)  # held across the lookup: a second request with this id now is a 409 too
-        try:
-            taken = await asyncio.to_thread(request.app.state.store.get_request, rid)
-        finally:
-            gw.reserved.discard(rid)
-        if taken or rid in gw.inflight or gw.writer.inserting(rid):
+        # reserved from here until the request is in flight (or refused below): a second request with this
+        # id meanwhile is a 409 too
+        gw.reserved[rid] = time.monotonic()
+        if await asyncio.to_thread(request.app.state.store.get_request, rid):
+            gw.reserved.pop(rid, None)
             return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
     ids = _prompt_ids(body, gw.vocab_size())
     max_len = gw.max_model_len()
@@ -102,6 +101,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     def reject(status: int, message: str, type_: str, param: str | None, code: str | None = None) -> JSONResponse:
         # recorded under an id of its own: a client-chosen id stays free for the corrected request
         note = f"{message} (tetri.request_id {rid!r})" if chosen else message
+        gw.reserved.pop(rid, None)
         gw.record_rejected(new_request_id(), note, len(ids) if isinstance(ids, list) else 0, body.max_tokens)
         return openai_error(status, message, type_, param, code)
 

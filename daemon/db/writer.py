@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
 from .store import LOAD_SAMPLE_COLUMNS, REQUEST_COLUMNS, Store
 
@@ -81,6 +81,7 @@ class BatchWriter:
         self.rows_dropped = 0
         self._pending = _Batch()
         self._retry: _Batch | None = None  # a batch whose last try failed; written before _pending
+        self._writing: _Batch | None = None  # the batch a flush is writing now
         self._lock: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -136,7 +137,7 @@ class BatchWriter:
 
     def inserting(self, request_id: str) -> bool:
         """Whether an insert of this request id is queued (submitted, not yet written)."""
-        return request_id in self._pending.inserts or (self._retry is not None and request_id in self._retry.inserts)
+        return any(b is not None and request_id in b.inserts for b in (self._pending, self._retry, self._writing))
 
     @property
     def pending(self) -> int:
@@ -226,6 +227,13 @@ class BatchWriter:
         """One try at one batch in a worker thread; if the database refuses it, row by row (module doc).
         Rows kept for another try become `_retry` (or are dropped after `MAX_TRIES`), and the error is
         raised."""
+        self._writing = batch
+        try:
+            await self._write_once(batch)
+        finally:
+            self._writing = None
+
+    async def _write_once(self, batch: _Batch) -> None:
         try:
             written = await asyncio.to_thread(
                 self.store.write_batch,
@@ -234,7 +242,7 @@ class BatchWriter:
                 load_samples=batch.samples,
             )
         except Exception as e:
-            if not isinstance(e, OperationalError):  # a row's content: find it, write the others
+            if _content_error(e):  # a row's content: find it, write the others
                 written, batch = await asyncio.to_thread(self._write_rows, batch)
                 self.rows_written += written
                 if not len(batch):
@@ -278,8 +286,10 @@ class BatchWriter:
             if outcome == "bad" and row != original:  # perhaps an update merged into it: split them again
                 later = {k: v for k, v in row.items() if k not in original or original[k] != v}
                 outcome = self._one(rid, partial(self.store.write_batch, inserts=[original]))
-                # the updates still apply: to the row just written, or to the one a duplicate insert hit
-                updates[rid] = later | updates.get(rid, {})
+                if outcome == "ok":
+                    updates[rid] = later | updates.get(rid, {})
+            if outcome == "bad":  # its updates belong to the refused row: never to another row with its id
+                updates.pop(rid, None)
             written += outcome == "ok"
             if outcome == "again":
                 again.inserts[rid] = row
@@ -293,6 +303,9 @@ class BatchWriter:
                 ending = {k: v for k, v in fields.items() if k in ENDING_FIELDS}
                 if ending and ending != fields:
                     outcome = self._one(rid, partial(self.store.write_batch, updates={rid: ending}))
+                last = {k: v for k, v in fields.items() if k in ("status", "phase", "finished_ts")}
+                if outcome == "bad" and "status" in last and last != ending:  # values the daemon made itself
+                    outcome = self._one(rid, partial(self.store.write_batch, updates={rid: last}))
             written += outcome == "ok"
             if outcome == "again":
                 again.updates[rid] = fields
@@ -308,14 +321,24 @@ class BatchWriter:
         logged and dropped, unless `quiet` — the caller tries it another way)."""
         try:
             write()
-        except OperationalError:
-            return "again"
         except Exception as e:
+            if not _content_error(e):
+                return "again"
             if not quiet:
                 self.rows_dropped += 1
                 logger.error("status table refused the row of %s; dropped: %s", rid, _one_line(e))
             return "bad"
         return "ok"
+
+
+def _content_error(e: BaseException) -> bool:
+    """Whether the database refused a row for what it holds (a duplicate key, a value out of range or not
+    encodable) rather than failing itself (locked, gone, no table, a dropped connection: try again)."""
+    if isinstance(e, IntegrityError | DataError):
+        return True
+    # raised before the statement reached the database (encoding, integer range): SQLAlchemy wraps it in
+    # a StatementError that is not a DBAPIError, or it arrives bare
+    return not isinstance(e, DBAPIError)
 
 
 def _one_line(e: BaseException) -> str:

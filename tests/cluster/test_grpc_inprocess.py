@@ -199,7 +199,9 @@ def test_register_accepts_known_roles_and_refuses_others() -> None:
             rogue = await stub.Register(_register("d1", "decode", address="127.0.0.1:6000"))
             assert not rogue.accepted and "held by a live worker at 127.0.0.1:5002" in rogue.reason
             assert cluster.instances["d1"].address == "127.0.0.1:5002"
-            cluster.instances["d1"].state = "unhealthy"
+            cluster.instances["d1"].state = "unhealthy"  # one failed call: the id is still held
+            assert not (await stub.Register(_register("d1", "decode", address="127.0.0.1:6000"))).accepted
+            cluster.instances["d1"].last_report -= 3600  # silent past the health limit: a replacement may
             replacement = await stub.Register(_register("d1", "decode", address="127.0.0.1:6000"))
             assert replacement.accepted
             assert cluster.instances["d1"].address == "127.0.0.1:6000"

@@ -44,6 +44,8 @@ def _run(store: Store, sequence: list[tuple[Any, ...]]) -> tuple[set[str], dict[
             if kind == "flush":
                 await writer.flush()
             elif kind == "insert":
+                if rid in inserted:  # a second request under a live id: test_duplicate_insert_… below
+                    continue
                 row = {"id": rid, "model": "m", "arrival_ts": 1.0, "max_tokens": 8} | BAD_INSERT.get(op[2] or "", {})
                 try:
                     writer.submit_request_insert(**row)
@@ -82,3 +84,29 @@ def test_no_valid_row_is_lost(sequence: list[tuple[Any, ...]]) -> None:
         assert rows[rid]["status"] == ("finished" if rid in finished else "running"), rid
         assert rows[rid]["model"] == "m" and rows[rid]["max_tokens"] == 8
     assert writer.pending == 0
+
+
+def test_duplicate_insert_never_writes_onto_the_existing_row(tmp_path: Path) -> None:
+    """A second request under an id already in the table is refused as a whole: neither its insert nor
+    the updates that followed it touch the first request's row."""
+    store = Store.open(f"sqlite:///{tmp_path / 'tetri.db'}")
+    try:
+
+        async def play() -> BatchWriter:
+            writer = BatchWriter(store, flush_interval_s=60.0)
+            writer.submit_request_insert(id="a", model="m", arrival_ts=1.0, max_tokens=8)
+            writer.submit_request_insert(id="b", model="m", arrival_ts=1.0, max_tokens=8)
+            await writer.flush()
+            writer.submit_request_insert(id="a", model="m", arrival_ts=2.0, max_tokens=99)  # the impostor
+            writer.submit_request_update("a", output_tokens=77, status="finished", phase="done")
+            writer.submit_request_update("b", output_tokens=5)  # in the same batch: still written
+            await writer.stop()
+            return writer
+
+        writer = asyncio.run(play())
+        a, b = store.get_request("a"), store.get_request("b")
+    finally:
+        store.close()
+    assert a is not None and (a["max_tokens"], a["output_tokens"], a["status"]) == (8, 0, "running")
+    assert b is not None and b["output_tokens"] == 5
+    assert writer.rows_dropped == 1
