@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -188,23 +189,26 @@ def create_app(
     return app
 
 
-def _record_gone(store: Store, instance_id: str) -> None:
-    def write() -> None:
-        store.set_instance_state(instance_id, "gone")
+def _write_behind(what: str, write: Callable[[], object]) -> None:
+    """Registry changes are rare: write them straight through, in a thread (off the request path); a
+    failure is logged, the in-memory registry stays authoritative."""
 
-    def done(fut: asyncio.Future[None]) -> None:
+    def done(fut: asyncio.Future[object]) -> None:
         if fut.exception() is not None:
-            log.error("recording instance %s gone failed: %s", instance_id, fut.exception())
+            log.error("recording %s failed: %s", what, fut.exception())
 
     asyncio.get_running_loop().run_in_executor(None, write).add_done_callback(done)
 
 
-def _record_instance(store: Store, inst: Instance, registered_ts: float) -> None:
-    """Instance registration is rare: write it straight through, in a thread (off the request path);
-    a failure is logged, the in-memory registry stays authoritative."""
+def _record_gone(store: Store, instance_id: str) -> None:
+    _write_behind(f"instance {instance_id} gone", partial(store.set_instance_state, instance_id, "gone"))
 
-    def write() -> None:
-        store.upsert_instance(
+
+def _record_instance(store: Store, inst: Instance, registered_ts: float) -> None:
+    _write_behind(
+        f"instance {inst.id}",
+        partial(
+            store.upsert_instance,
             id=inst.id,
             role=inst.role,
             state=inst.state,
@@ -212,13 +216,8 @@ def _record_instance(store: Store, inst: Instance, registered_ts: float) -> None
             model=inst.model,
             kv_capacity_tokens=inst.kv_capacity_tokens,
             registered_ts=registered_ts,
-        )
-
-    def done(fut: asyncio.Future[None]) -> None:
-        if fut.exception() is not None:
-            log.error("recording instance %s failed: %s", inst.id, fut.exception())
-
-    asyncio.get_running_loop().run_in_executor(None, write).add_done_callback(done)
+        ),
+    )
 
 
 async def _retention(store: Store, clock: ClusterClock, keep_s: float) -> None:

@@ -7,7 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from daemon.db.store import Store, make_engine
 from tetrictl.procs import spawn, stop_all, wait_ready
+
+
+def all_rows(db_url: str) -> dict[str, dict]:
+    """Every request row in the status table at `db_url`, by id."""
+    store = Store(make_engine(db_url))
+    try:
+        return {r["id"]: r for r in store.list_requests(None, None, 100_000, 0)[0]}
+    finally:
+        store.close()
 
 
 @dataclass

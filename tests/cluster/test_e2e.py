@@ -11,9 +11,7 @@ import httpx
 import openai
 import pytest
 
-from daemon.db.store import Store, make_engine
-
-from .harness import LiveCluster, start_cluster
+from .harness import LiveCluster, all_rows, start_cluster
 
 pytestmark = pytest.mark.slow
 MODEL = "tetri-sim"
@@ -34,11 +32,7 @@ def coloc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
 
 
 def rows(c: LiveCluster) -> dict[str, dict]:
-    store = Store(make_engine(c.db_url))
-    try:
-        return {r["id"]: r for r in store.list_requests(None, None, 10_000, 0)[0]}
-    finally:
-        store.close()
+    return all_rows(c.db_url)
 
 
 async def stream_many(url: str, n: int) -> list[tuple[str, int, int, str | None]]:

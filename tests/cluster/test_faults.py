@@ -13,23 +13,14 @@ import httpx
 import openai
 import pytest
 
-from daemon.db.store import Store, make_engine
 from tetri.costmodel import load_profile
 from tetrictl.procs import spawn, wait_ready
 from workers.engines.sim import sim_token
 
-from .harness import start_cluster
+from .harness import all_rows, start_cluster
 
 pytestmark = pytest.mark.slow
 MODEL = "tetri-sim"
-
-
-def all_rows(db_url: str) -> dict[str, dict]:
-    store = Store(make_engine(db_url))
-    try:
-        return {r["id"]: r for r in store.list_requests(None, None, 10_000, 0)[0]}
-    finally:
-        store.close()
 
 
 def test_only_decode_worker_dies_mid_request_and_a_replacement_finishes_it(tmp_path: Path):

@@ -13,9 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon.db.store import Store, make_engine
-
-from .harness import LiveCluster, start_cluster
+from .harness import LiveCluster, all_rows, start_cluster
 
 pytestmark = pytest.mark.slow
 MODEL = "tetri-sim"
@@ -30,11 +28,7 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
 
 
 def rows(c: LiveCluster) -> dict[str, dict]:
-    store = Store(make_engine(c.db_url))
-    try:
-        return {r["id"]: r for r in store.list_requests(None, None, 100_000, 0)[0]}
-    finally:
-        store.close()
+    return all_rows(c.db_url)
 
 
 def raw(obj: dict[str, Any], **swap: str) -> bytes:

@@ -16,24 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon.db.store import Store, make_engine
 from tetri.costmodel import load_profile
 from tetrictl.procs import spawn, stop_all, wait_ready
 from workers.engines.sim import sim_token
 
-from .harness import LiveCluster, start_cluster
+from .harness import LiveCluster, all_rows, start_cluster
 
 pytestmark = pytest.mark.slow
 MODEL = "tetri-sim"
 VOCAB = load_profile("tiny").model.vocab_size
-
-
-def all_rows(db_url: str) -> dict[str, dict]:
-    store = Store(make_engine(db_url))
-    try:
-        return {r["id"]: r for r in store.list_requests(None, None, 10_000, 0)[0]}
-    finally:
-        store.close()
 
 
 def expected(prompt: list[int], n: int) -> list[int]:

@@ -33,4 +33,8 @@ schema = schemathesis.pytest.from_fixture("daemon_api")
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_no_server_error_and_no_undocumented_status(case: schemathesis.Case) -> None:
-    case.call_and_validate(checks=[not_a_server_error, status_code_conformance], timeout=30)
+    response = case.call(timeout=30)
+    # raises, naming the case, on a 5xx or a status code the operation's document does not state
+    # (schemathesis also probes methods an operation lacks: the 405 those get is conformant)
+    case.validate_response(response, checks=[not_a_server_error, status_code_conformance])
+    assert response.status_code < 500
