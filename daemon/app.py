@@ -37,6 +37,7 @@ from .gateway import Gateway, new_request_id
 from .grpc_edge import ControlPlaneServer, Tls, bind_control_plane, start_control_plane
 from .metrics import Metrics
 from .predictor_service import PredictorService
+from .served import ServedModels
 from .worker_client import WorkerClient
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,6 @@ def create_app(
             cluster,
             writer,
             metrics,
-            settings.model,
             predictor,
             workers=WorkerClient(settings.grpc_token(), tls),
             max_migrations=settings.max_migrations,
@@ -91,7 +91,9 @@ def create_app(
             _record_gone(store, inst.id)
 
         cluster.on_removed = on_removed
-        await start_control_plane(server, cluster, on_register)
+        served = ServedModels()
+        await start_control_plane(server, cluster, on_register, served.prepare)
+        app.state.served = served
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
         app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, server.port, recovered
         flipper = Flipper(cluster, gateway.workers, store)
@@ -146,7 +148,7 @@ def create_app(
             why = "not a field this server supports" if err.get("type") == "extra_forbidden" else err["msg"]
             msg = f"{param or 'body'}: {why}"
         gw = getattr(app.state, "gateway", None)
-        if gw is not None and request.url.path == "/v1/completions":
+        if gw is not None and request.url.path in ("/v1/completions", "/v1/chat/completions"):
             gw.record_rejected(new_request_id(), msg)
         return JSONResponse(error_body(msg, "BadRequestError", param), status_code=400)
 

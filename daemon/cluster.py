@@ -61,6 +61,7 @@ class Registration:
     max_model_len: int
     kv_capacity_tokens: int
     vocab_size: int = 0  # 0: unknown (then token ids are only checked against int32)
+    tokenizer: str = ""  # where the daemon loads the model's tokenizer (daemon.tokenizer.load_tokenizer)
 
     def refusal(self) -> str | None:
         """Why the daemon refuses this registration (None: it accepts it)."""
@@ -76,6 +77,7 @@ class DecodeInstanceLoad:
     instance_id: str
     address: str
     load: LoadReport
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -258,13 +260,26 @@ class Cluster:
             inst.state = "unhealthy"
             log.warning("instance %s failed a call: unhealthy until it reports again", instance_id)
 
-    def healthy(self, *roles: str) -> list[Instance]:
-        return [i for i in self.instances.values() if i.role in roles and i.state == "active"]
+    def healthy(self, *roles: str, model: str | None = None) -> list[Instance]:
+        """Active instances in these roles (serving `model`, when given)."""
+        return [
+            i
+            for i in self.instances.values()
+            if i.role in roles and i.state == "active" and (model is None or i.model == model)
+        ]
+
+    def models(self) -> dict[str, int]:
+        """Each served model and its context (the smallest its instances announce)."""
+        out: dict[str, int] = {}
+        for i in self.instances.values():
+            prev = out.get(i.model)
+            out[i.model] = i.max_model_len if prev is None else min(prev, i.max_model_len)
+        return out
 
     def decode_broadcast(self) -> DecodeBroadcast:
         return DecodeBroadcast(
             instances=[
-                DecodeInstanceLoad(i.id, i.address, self._broadcast_load(i))
+                DecodeInstanceLoad(i.id, i.address, self._broadcast_load(i), i.model)
                 for i in self.instances.values()
                 if i.role == "decode"
             ],

@@ -28,7 +28,8 @@ from .db.models import Phase, Status
 from .db.writer import BatchWriter
 from .metrics import Metrics
 from .predictor_service import PROMPT_SAMPLE, PredictorService
-from .worker_client import Handoff, TokenChunk, WorkerCallError, WorkerClient
+from .textstream import TextStream
+from .worker_client import GREEDY, Handoff, Sampling, TokenChunk, WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Tokens:
     ids: list[int]
+    text: str = ""  # the ids' text as far as it can be sent yet (`TextStream`), when the request asked for text
 
 
 @dataclass
@@ -72,6 +74,7 @@ ENTRY_ATTEMPTS = 3  # entry instances tried when they refuse before starting any
 @dataclass
 class Inflight:
     id: str
+    model: str
     prompt_tokens: int
     max_tokens: int
     arrival: float
@@ -91,14 +94,15 @@ class Inflight:
     migrated_from: list[str] = field(default_factory=list)
     interrupted: str | None = None  # why the daemon ended it (shutdown): the row says `interrupted`
     prompt_head: list[int] | None = None  # the predictor's features, kept in memory
+    sampling: Sampling = GREEDY
 
 
 class NoInstance(RuntimeError):
     pass
 
 
-def new_request_id() -> str:
-    return "cmpl-" + uuid.uuid4().hex[:24]
+def new_request_id(prefix: str = "cmpl-") -> str:
+    return prefix + uuid.uuid4().hex[:24]
 
 
 class Gateway:
@@ -107,7 +111,6 @@ class Gateway:
         cluster: Cluster,
         writer: BatchWriter,
         metrics: Metrics,
-        model: str,
         predictor: PredictorService | None = None,
         *,
         workers: WorkerClient | None = None,
@@ -123,7 +126,6 @@ class Gateway:
         self.cluster = cluster
         self.writer = writer
         self.metrics = metrics
-        self.model = model
         self.clock = cluster.clock
         self.workers = workers or WorkerClient()
         self.inflight: dict[str, Inflight] = {}
@@ -131,32 +133,39 @@ class Gateway:
         self.reserved: dict[str, float] = {}
 
     # --- routing -----------------------------------------------------------------------------------
-    def entry_instances(self) -> list[Instance]:
-        colocated = self.cluster.healthy("colocated")
-        return colocated if colocated else self.cluster.healthy("prefill")
+    def entry_instances(self, model: str) -> list[Instance]:
+        colocated = self.cluster.healthy("colocated", model=model)
+        return colocated if colocated else self.cluster.healthy("prefill", model=model)
 
-    def vocab_size(self) -> int | None:
-        """The smallest vocabulary among the registered instances (None: none says)."""
-        sizes = [i.vocab_size for i in self.cluster.instances.values() if i.vocab_size]
+    def vocab_size(self, model: str) -> int | None:
+        """The smallest vocabulary among the model's registered instances (None: none says)."""
+        sizes = [i.vocab_size for i in self.cluster.instances.values() if i.vocab_size and i.model == model]
         return min(sizes) if sizes else None
 
-    def max_model_len(self) -> int | None:
-        lens = [i.max_model_len for i in self.cluster.instances.values() if i.max_model_len]
+    def max_model_len(self, model: str | None = None) -> int | None:
+        """The model's context (the smallest its instances announce); without a model, any model's."""
+        lens = [
+            i.max_model_len
+            for i in self.cluster.instances.values()
+            if i.max_model_len and (model is None or i.model == model)
+        ]
         return min(lens) if lens else None
 
-    def pick_entry(self, exclude: frozenset[str] = frozenset()) -> Instance:
-        candidates = [i for i in self.entry_instances() if i.id not in exclude]
-        if not candidates or (candidates[0].role == "prefill" and not self.cluster.healthy("decode")):
+    def pick_entry(self, model: str, exclude: frozenset[str] = frozenset()) -> Instance:
+        candidates = [i for i in self.entry_instances(model) if i.id not in exclude]
+        if not candidates or (candidates[0].role == "prefill" and not self.cluster.healthy("decode", model=model)):
             raise NoInstance("no healthy instance can serve the request (need prefill + decode, or colocated)")
         pick = least_loaded([i.snapshot() for i in candidates])
         return self.cluster.instances[pick]  # type: ignore[index]
 
     # --- recording ---------------------------------------------------------------------------------
-    def record_rejected(self, rid: str, message: str, prompt_tokens: int = 0, max_tokens: int = 0) -> None:
+    def record_rejected(
+        self, rid: str, message: str, prompt_tokens: int = 0, max_tokens: int = 0, model: str = ""
+    ) -> None:
         now = self.clock.now()
         self.writer.submit_request_insert(
             id=rid,
-            model=self.model,
+            model=model[:128],
             phase=Phase.DONE,
             status=Status.REJECTED,
             arrival_ts=now,
@@ -179,15 +188,20 @@ class Gateway:
     async def run(
         self,
         rid: str,
+        model: str,
         prompt_ids: list[int],
         max_tokens: int,
         sla_ttft_ms: float | None = None,
         sla_jct_ms: float | None = None,
         pin: str | None = None,
+        sampling: Sampling = GREEDY,
+        text: TextStream | None = None,
     ) -> AsyncIterator[Tokens | Finished | Failed]:
-        """Serve one request; ``pin`` pins its decode phase to that decode instance."""
+        """Serve one request; ``pin`` pins its decode phase to that decode instance. With ``text``, each
+        `Tokens` carries its text, and a stop token or stop string ends the request (`Finished("stop")`,
+        the worker's stream cancelled); the held-back text comes in a last `Tokens` before `Finished`."""
         now = self.clock.now()
-        fl = Inflight(rid, len(prompt_ids), max_tokens, now, timeline=[("queued", now)])
+        fl = Inflight(rid, model, len(prompt_ids), max_tokens, now, timeline=[("queued", now)], sampling=sampling)
         if self.predictor is not None:
             fl.predicted = self.predictor.predict(self.cluster.policies, prompt_ids, rid, max_tokens)
             fl.prompt_head = prompt_ids[:PROMPT_SAMPLE]
@@ -195,7 +209,7 @@ class Gateway:
         self.reserved.pop(rid, None)
         self.writer.submit_request_insert(
             id=rid,
-            model=self.model,
+            model=model,
             phase=Phase.QUEUED.value,
             status=Status.RUNNING.value,
             arrival_ts=now,
@@ -208,13 +222,26 @@ class Gateway:
             prompt_sample=json.dumps(prompt_ids[:PROMPT_SAMPLE]) if self.store_prompt_samples else None,
         )
         end: Finished | Failed | None = None
+        events = self._serve(fl, prompt_ids, pin)
         try:
-            async for ev in self._serve(fl, prompt_ids, pin):
-                if isinstance(ev, Tokens):
-                    yield ev
-                else:
+            async for ev in events:
+                if not isinstance(ev, Tokens):
                     end = ev
                     break
+                if text is None:
+                    yield ev
+                    continue
+                delta = text.feed(ev.ids)
+                if delta.stopped:  # a stop token or string: this request ends here, the worker stops
+                    fl.produced -= len(ev.ids) - len(delta.ids)  # tokens after the stop do not count
+                    end = Finished("stop", fl.produced)
+                yield Tokens(delta.ids, delta.text)
+                if end is not None:
+                    break
+            if text is not None and isinstance(end, Finished) and not text.stopped:
+                rest = text.rest()
+                if rest:
+                    yield Tokens([], rest)
         except asyncio.CancelledError:
             if fl.interrupted:
                 end = Failed(fl.interrupted, Status.INTERRUPTED)
@@ -222,6 +249,7 @@ class Gateway:
                 end = Failed("client disconnected", Status.CANCELLED)
             raise
         finally:
+            await events.aclose()  # a stop mid-stream: closing it cancels the worker's call
             end = end or Failed("stream ended without a result")
             self._finish(fl, end)
         yield end
@@ -275,7 +303,7 @@ class Gateway:
 
     async def _serve(
         self, fl: Inflight, prompt_ids: list[int], pin: str | None = None
-    ) -> AsyncIterator[Tokens | Finished | Failed]:
+    ) -> AsyncGenerator[Tokens | Finished | Failed, None]:
         """Run the request, migrating it when the instance serving it is lost: before its first token it
         starts again on another entry instance; later, the prompt plus the tokens already streamed is
         prefilled again and the stream continues where it stopped (nothing repeated, nothing skipped)."""
@@ -319,7 +347,7 @@ class Gateway:
         deadline = time.monotonic() + (self.migration_wait_s if fl.migrations else 0.0)
         while True:
             try:
-                return self.pick_entry(exclude)
+                return self.pick_entry(fl.model, exclude)
             except NoInstance as e:
                 if time.monotonic() >= deadline or fl.cancelled:
                     return str(e)
@@ -354,7 +382,7 @@ class Gateway:
             else:
                 self._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=self.clock.now())
             stream = self.workers.generate(
-                entry.address, fl.id, prompt, max_tokens, predicted, pin or "", resumed_tokens=resumed
+                entry.address, fl.id, prompt, max_tokens, predicted, pin or "", resumed, fl.sampling
             )
             async for ev in self._stream(fl, entry.id, stream):
                 if isinstance(ev, Handoff):

@@ -7,7 +7,7 @@ cluster's plain data (`daemon.cluster`). Protobuf goes no further into the daemo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -32,14 +32,21 @@ def load_to_pb(load: LoadReport) -> pb.LoadReport:
 
 def registration_from_pb(msg: pb.RegisterRequest) -> Registration:
     return Registration(
-        msg.instance_id, msg.role, msg.address, msg.model, msg.max_model_len, msg.kv_capacity_tokens, msg.vocab_size
+        msg.instance_id,
+        msg.role,
+        msg.address,
+        msg.model,
+        msg.max_model_len,
+        msg.kv_capacity_tokens,
+        msg.vocab_size,
+        msg.tokenizer,
     )
 
 
 def broadcast_to_pb(b: DecodeBroadcast) -> pb.DecodeLoadBroadcast:
     return pb.DecodeLoadBroadcast(
         instances=[
-            pb.DecodeInstanceLoad(instance_id=d.instance_id, address=d.address, load=load_to_pb(d.load))
+            pb.DecodeInstanceLoad(instance_id=d.instance_id, address=d.address, load=load_to_pb(d.load), model=d.model)
             for d in b.instances
         ],
         timestamp=b.timestamp,
@@ -52,13 +59,21 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
     """Registration and load reporting. Every call carries the cluster token (checked by the server's
     interceptor, `tetri.proto.security`); a registration for an id a live worker holds is refused."""
 
-    def __init__(self, cluster: Cluster, on_register: Callable[[Instance], None]) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        on_register: Callable[[Instance], None],
+        prepare: Callable[[Registration], Awaitable[str | None]] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.on_register = on_register
+        self.prepare = prepare  # e.g. load the model's tokenizer; returns why it cannot (refused)
 
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReply:
         reg = registration_from_pb(request)
         refusal = self.cluster.refusal(reg)
+        if refusal is None and self.prepare is not None:
+            refusal = await self.prepare(reg)
         if refusal is not None:
             return pb.RegisterReply(accepted=False, reason=refusal)
         inst = self.cluster.register(reg)
@@ -93,8 +108,11 @@ def bind_control_plane(host: str, port: int, token: str | None, tls: Tls = NO_TL
 
 
 async def start_control_plane(
-    bound: ControlPlaneServer, cluster: Cluster, on_register: Callable[[Instance], None]
+    bound: ControlPlaneServer,
+    cluster: Cluster,
+    on_register: Callable[[Instance], None],
+    prepare: Callable[[Registration], Awaitable[str | None]] | None = None,
 ) -> None:
     """Serve the ControlPlane service on a bound server."""
-    rpc.add_ControlPlaneServicer_to_server(ControlPlaneService(cluster, on_register), bound.server)
+    rpc.add_ControlPlaneServicer_to_server(ControlPlaneService(cluster, on_register, prepare), bound.server)
     await bound.server.start()

@@ -138,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", type=Path)
     ap.add_argument("--db-url")
     ap.add_argument("--token")
-    ap.add_argument("--model")
     ap.add_argument("--time-scale", type=float, help="The cluster clock: model seconds per wall second.")
     ap.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
     a = ap.parse_args(argv)
@@ -152,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
             state_dir=a.state_dir,
             db_url=a.db_url,
             token=a.token,
-            model=a.model,
             time_scale=a.time_scale,
         )
     except ConfigError as e:

@@ -30,6 +30,36 @@ class WorkerCallError(Exception):
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How the engine picks tokens (vLLM's SamplingParams), resolved by the API from the request and the
+    model's defaults."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def to_pb(self) -> pb.Sampling:
+        return pb.Sampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True)
 class Handoff:
     decode_instance_id: str
     decode_address: str
@@ -101,6 +131,7 @@ class WorkerClient:
         predicted: tuple[int, int] | None = None,
         decode_instance_id: str = "",
         resumed_tokens: int = 0,
+        sampling: Sampling = GREEDY,
     ) -> AsyncGenerator[TokenChunk, None]:
         """Run a request from its prompt; `resumed_tokens` > 0: a migrated request whose last that many
         prompt tokens are outputs already streamed."""
@@ -113,6 +144,7 @@ class WorkerClient:
             predicted_hi=hi,
             decode_instance_id=decode_instance_id,
             resumed_tokens=resumed_tokens,
+            sampling=sampling.to_pb(),
         )
         return self._stream(self._peers.worker(address).Generate(req, metadata=self._peers.metadata))
 

@@ -44,7 +44,6 @@ def test_daemon_defaults() -> None:
     assert s.db_url is None
     assert s.token is None
     assert s.api_keys == []
-    assert s.model == "tetri-sim"
     assert s.report_interval_s == 0.1
     assert s.unhealthy_after == 5
     assert s.load_sample_every == 10
@@ -83,7 +82,7 @@ def test_file_values_applied(tmp_path: Path) -> None:
 [daemon]
 port = 9001
 grpc_port = 9002
-model = "opt-13b"
+max_migrations = 7
 state_dir = "/var/lib/tetri"
 api_keys = ["k1", "k2"]
 report_interval_s = 0.25
@@ -97,7 +96,7 @@ daemon = "10.0.0.5:9002"
 """,
     )
     d = load_daemon_settings(path)
-    assert (d.port, d.grpc_port, d.model) == (9001, 9002, "opt-13b")
+    assert (d.port, d.grpc_port, d.max_migrations) == (9001, 9002, 7)
     assert d.state_dir == Path("/var/lib/tetri")
     assert d.api_keys == ["k1", "k2"]
     assert d.report_interval_s == 0.25
@@ -123,12 +122,12 @@ def test_config_path_from_tetri_config_env(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_env_beats_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _write(tmp_path, '[daemon]\nport = 9001\nmodel = "from-file"\n[worker]\nrole = "decode"\n')
+    path = _write(tmp_path, '[daemon]\nport = 9001\nmax_migrations = 7\n[worker]\nrole = "decode"\n')
     monkeypatch.setenv("TETRI_DAEMON_PORT", "9500")
     monkeypatch.setenv("TETRI_WORKER_ROLE", "colocated")
     d = load_daemon_settings(path)
     assert d.port == 9500
-    assert d.model == "from-file"  # other file values still apply
+    assert d.max_migrations == 7  # other file values still apply
     assert load_worker_settings(path).role == "colocated"
 
 

@@ -51,7 +51,6 @@ class DaemonSettings(BaseSettings):
     api_keys: list[str] = Field(
         default_factory=list, description="Accepted OpenAI API keys; empty = the OpenAI endpoint is open."
     )
-    model: str = Field("tetri-sim", description="The model name served by /v1/models and accepted in requests.")
     report_interval_s: float = Field(0.1, gt=0, description="How often workers report load (seconds).")
     unhealthy_after: int = Field(5, ge=1, description="Missed reports after which an instance is unhealthy.")
     load_retention_s: float = Field(600.0, gt=0, description="How long load samples are kept in the database.")
@@ -110,6 +109,18 @@ class WorkerSettings(BaseSettings):
     )
     time_scale: float = Field(1.0, gt=0, description="Sim engine: model seconds per wall second.")
     model: str | None = Field(None, description="vllm: a local Hugging Face model directory.")
+    served_model_name: str | None = Field(
+        None,
+        max_length=128,
+        description="The model name clients send (`model`); default: the model directory's name (vllm), "
+        "tetri-sim (sim).",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="A local Hugging Face tokenizer directory the daemon loads for this model; default: the "
+        "model directory (vllm), the built-in byte tokenizer (sim). With a sim engine, its token ids stay "
+        "within that tokenizer's vocabulary.",
+    )
     kv_connector: Literal["ExampleConnector", "NixlConnector", "P2pNcclConnector"] = Field(
         "ExampleConnector", description="vllm: the KV connector (docs/vllm.md)."
     )

@@ -67,6 +67,14 @@ def worker_start(
     daemon: Annotated[str, typer.Option(help="The daemon's control-plane gRPC address host:port.")] = "127.0.0.1:50051",
     engine: Annotated[str, typer.Option(help="Engine: sim, or vllm (needs the vllm extra).")] = "sim",
     model: Annotated[str | None, typer.Option(help="vllm: a local Hugging Face model directory.")] = None,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(help="The model name clients send (default: the model directory's name; sim: tetri-sim)."),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(help="A local tokenizer directory for the daemon (default: the model's; sim: built-in bytes)."),
+    ] = None,
     kv_connector: Annotated[
         str | None, typer.Option(help="vllm: ExampleConnector, NixlConnector or P2pNcclConnector.")
     ] = None,
@@ -104,6 +112,8 @@ def worker_start(
         ("--token", token),
         ("--config", config),
         ("--model", model),
+        ("--served-model-name", served_model_name),
+        ("--tokenizer", tokenizer),
         ("--profiles-file", profiles_file),
         ("--kv-connector", kv_connector),
         ("--kv-store", kv_store),

@@ -207,7 +207,7 @@ class Replay:
     async def prepare(self) -> dict[str, Any]:
         inst = await self._pick_instance()
         self.instance_id = inst["id"]
-        model = (await self.client.cluster())["model"]
+        model = inst["model"]  # the plan replays on that instance's model
         renamed = [self.ids[k] for k in self.plan.order]
         reply = await self.client.load_plan(inst["id"], {"memory": self.plan.memory, "batches": [renamed]})
         self._loaded = True

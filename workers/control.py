@@ -54,6 +54,7 @@ class ControlLink:
                 max_model_len=self.service.engine.max_model_len,
                 kv_capacity_tokens=u.kv_capacity_tokens,
                 vocab_size=self.service.engine.vocab_size,
+                tokenizer=self.service.engine.tokenizer,
             ),
             metadata=auth_metadata(self.token),
             timeout=5,

@@ -29,7 +29,37 @@ from .service import WorkerService
 log = logging.getLogger("tetri.worker")
 
 
+BUILTIN_BYTES = "builtin:bytes"  # the sim's tokenizer, as the daemon knows it (RegisterRequest.tokenizer)
+SIM_MODEL_NAME = "tetri-sim"
+
+
 def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
+    """The engine, named as clients will ask for it, with the tokenizer the daemon will use for it."""
+    engine = _engine(settings, instance_id)
+    if settings.engine == "sim":
+        engine.model_name = settings.served_model_name or SIM_MODEL_NAME
+        engine.tokenizer = str(Path(settings.tokenizer).resolve()) if settings.tokenizer else BUILTIN_BYTES
+    else:
+        model_dir = Path(settings.model or ".").resolve()
+        engine.model_name = settings.served_model_name or model_dir.name
+        own = model_dir if (model_dir / "tokenizer.json").is_file() else None
+        source = Path(settings.tokenizer).resolve() if settings.tokenizer else own
+        engine.tokenizer = str(source) if source else ""
+    return engine
+
+
+def tokenizer_vocab(directory: str) -> int:
+    """How many ids a tokenizer directory knows (its tokenizer.json)."""
+    from tokenizers import Tokenizer
+
+    path = Path(directory) / "tokenizer.json"
+    try:
+        return int(Tokenizer.from_file(str(path)).get_vocab_size())
+    except Exception as e:  # tokenizers raises its own Exception type
+        raise ValueError(f"tokenizer: cannot load {path}: {e}") from None
+
+
+def _engine(settings: WorkerSettings, instance_id: str) -> Engine:
     if settings.engine == "sim":
         from tetri.costmodel import load_profile
 
@@ -37,7 +67,8 @@ def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
 
         path = Path(settings.profiles_file) if settings.profiles_file else None
         profile = load_profile(settings.profile, path)
-        return SimEngine(profile, settings.role, instance_id, ScaledClock(settings.time_scale))
+        vocab = tokenizer_vocab(settings.tokenizer) if settings.tokenizer else None
+        return SimEngine(profile, settings.role, instance_id, ScaledClock(settings.time_scale), vocab_size=vocab)
     if settings.engine == "vllm":
         from .engines.vllm.engine import VllmEngine, VllmOptions  # vllm loads only here
 
@@ -74,7 +105,11 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
         )
         return 2
     instance_id = settings.instance_id or f"{settings.role}-{port}"
-    engine = build_engine(settings, instance_id)
+    try:
+        engine = build_engine(settings, instance_id)
+    except ValueError as e:
+        print(json.dumps({"event": "error", "error": str(e)}), flush=True)
+        return 2
     peers = Peers(settings.token, tls)
 
     def engine_for(role: str) -> Engine:  # instance flip: the same engine settings in another role
@@ -167,7 +202,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Run one Tetri worker.")
     for flag in ("role", "engine", "profile", "instance-id", "host", "daemon", "token", "model", "kv-connector"):
         ap.add_argument(f"--{flag}")
-    for flag in ("kv-store", "on-missing-kv", "profiles-file", "dtype"):
+    for flag in ("kv-store", "on-missing-kv", "profiles-file", "dtype", "served-model-name", "tokenizer"):
         ap.add_argument(f"--{flag}")
     ap.add_argument("--kv-both", action="store_true", default=None)
     for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
@@ -201,6 +236,8 @@ if __name__ == "__main__":
             kv_store=a.kv_store,
             profiles_file=a.profiles_file,
             dtype=a.dtype,
+            served_model_name=a.served_model_name,
+            tokenizer=a.tokenizer,
             kv_both=a.kv_both,
             on_missing_kv=a.on_missing_kv,
             kv_wait_s=a.kv_wait_s,

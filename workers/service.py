@@ -24,7 +24,7 @@ from tetri.scheduling.instance import HEAVY_DECODE
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import LengthPredictor, make_predictor
 
-from .engines.base import Engine, EngineError, EngineRequest, KVHandle
+from .engines.base import GREEDY, Engine, EngineError, EngineRequest, KVHandle, Sampling
 
 log = logging.getLogger(__name__)
 _DONE = object()
@@ -43,7 +43,8 @@ class DecodeView:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def update(self, decodes: list[tuple[str, str, DecodeLoad]]) -> None:
-        """A new broadcast: (address, state, load) of each decode instance; only active ones are candidates."""
+        """A new broadcast: (address, state, load) of each decode instance of this instance's model; only
+        active ones are candidates."""
         self.instances = {load.instance_id: (address, load) for address, state, load in decodes if state == "active"}
         self.sent_since.clear()
         self.updated.set()
@@ -72,8 +73,9 @@ class DecodeView:
         return pick, self.instances[pick][0]
 
 
-def decode_loads(msg: pb.DecodeLoadBroadcast) -> list[tuple[str, str, DecodeLoad]]:
-    """The daemon's broadcast as `DecodeView.update` takes it (the edge: protobuf stops here)."""
+def decode_loads(msg: pb.DecodeLoadBroadcast, model: str | None = None) -> list[tuple[str, str, DecodeLoad]]:
+    """The daemon's broadcast of `model`'s decode instances (None: all), as `DecodeView.update` takes it
+    (the edge: protobuf stops here)."""
     return [
         (
             d.address,
@@ -88,6 +90,7 @@ def decode_loads(msg: pb.DecodeLoadBroadcast) -> list[tuple[str, str, DecodeLoad
             ),
         )
         for d in msg.instances
+        if model is None or d.model == model
     ]
 
 
@@ -140,6 +143,22 @@ async def _chunks(rid: str, queue: asyncio.Queue[object], produced: int, limit: 
         return
 
 
+def _sampling(r: pb.GenerateRequest) -> Sampling:
+    if not r.HasField("sampling"):
+        return GREEDY
+    s = r.sampling
+    return Sampling(
+        temperature=s.temperature,
+        top_p=s.top_p or 1.0,
+        top_k=s.top_k,
+        seed=s.seed if s.HasField("seed") else None,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        stop_token_ids=tuple(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
+    )
+
+
 def _error_chunk(rid: str, error: str) -> pb.TokenChunk:
     """The last chunk of a request that failed: finish_reason "error" and a one-line reason."""
     return pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=error)
@@ -181,7 +200,7 @@ class WorkerService(rpc.WorkerServicer):
     # --- policies (hot-swap) -------------------------------------------------------------------------
     def on_broadcast(self, msg: pb.DecodeLoadBroadcast) -> None:
         """The daemon's broadcast: decode load for the dispatcher, and the policies when they changed."""
-        self.decode_view.update(decode_loads(msg))
+        self.decode_view.update(decode_loads(msg, self.engine.model_name))
         if msg.policy_version != self.policy_version and msg.policies_json:
             self.apply_policies(PolicySet(**json.loads(msg.policies_json)), msg.policy_version)
 
@@ -203,7 +222,8 @@ class WorkerService(rpc.WorkerServicer):
     @staticmethod
     def _req(r: pb.GenerateRequest) -> EngineRequest:
         pred = (r.predicted_lo, r.predicted_hi) if r.predicted_lo > 0 else None
-        return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens, pred, r.resumed_tokens)
+        sampling = _sampling(r)
+        return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens, pred, r.resumed_tokens, sampling)
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -241,9 +261,10 @@ class WorkerService(rpc.WorkerServicer):
             # the length predictor runs beside the prefill (TetriInfer §3.3.2); the sim engine's
             # "true" output length is max_tokens, which the oracle predictor is allowed to see
             lo, hi = self.predictor.predict(request.prompt_token_ids, rid, true_output=request.max_tokens)
-            pinned = request.decode_instance_id
-            request = self._last_request(req, lo, hi)
-            request.decode_instance_id = pinned
+            predicted = pb.GenerateRequest()
+            predicted.CopyFrom(request)
+            predicted.predicted_lo, predicted.predicted_hi = lo, hi
+            request = predicted
         try:
             out = await self.engine.prefill(req)
         except EngineError as e:
@@ -252,9 +273,10 @@ class WorkerService(rpc.WorkerServicer):
         except asyncio.CancelledError:
             await self.engine.abort(rid)
             raise
-        if req.max_tokens <= 1:
+        if req.max_tokens <= 1 or out.first_token in req.sampling.stop_token_ids:
             await self.engine.release_kv(rid)
-            yield pb.TokenChunk(request_id=rid, token_ids=[out.first_token], finished=True, finish_reason="length")
+            reason = "length" if out.first_token not in req.sampling.stop_token_ids else "stop"
+            yield pb.TokenChunk(request_id=rid, token_ids=[out.first_token], finished=True, finish_reason=reason)
             return
         try:  # from here the prompt's KV is held here until the hand-over ends, however it ends
             async for chunk in self._hand_over(request, rid, out.first_token, out.kv):
@@ -312,17 +334,6 @@ class WorkerService(rpc.WorkerServicer):
             last_reason = reply.reason
         error = last_reason if refused else "no healthy decode instance to hand over to"
         yield _error_chunk(rid, error)
-
-    @staticmethod
-    def _last_request(req: EngineRequest, lo: int, hi: int) -> pb.GenerateRequest:
-        return pb.GenerateRequest(
-            request_id=req.request_id,
-            prompt_token_ids=req.prompt_token_ids,
-            max_tokens=req.max_tokens,
-            predicted_lo=lo,
-            predicted_hi=hi,
-            resumed_tokens=req.resumed_tokens,
-        )
 
     async def _target(self, request: pb.GenerateRequest, exclude: frozenset[str]) -> tuple[str, str] | None:
         for attempt in range(2):  # the view lags registration by up to one report: wait for one broadcast

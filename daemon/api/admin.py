@@ -45,8 +45,10 @@ async def cluster(request: Request) -> dict[str, Any]:
     phases: dict[str, int] = {}
     for fl in gw.inflight.values():
         phases[fl.phase.value] = phases.get(fl.phase.value, 0) + 1
+    served = sorted(gw.cluster.models())
     return {
-        "model": gw.model,
+        "model": ", ".join(served),  # every served model, for a one-line summary
+        "models": served,
         "mode": request.app.state.mode,
         "uptime_s": time.monotonic() - request.app.state.started,
         "now": gw.clock.now(),

@@ -1,25 +1,36 @@
-"""OpenAI-compatible endpoints: POST /v1/completions (streaming or not) and GET /v1/models."""
+"""OpenAI-compatible endpoints: POST /v1/completions and /v1/chat/completions (streaming or not), and
+GET /v1/models (every model a registered worker serves). The `model` field routes a request to that
+model's instances; prompts are tokenized, and outputs detokenized, with that model's tokenizer
+(`daemon.served`, `daemon.textstream`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..db.models import Status
-from ..gateway import Failed, Finished, Gateway, new_request_id
-from ..tokenizer import ByteTokenizer
+from ..gateway import Failed, Finished, Gateway, Tokens, new_request_id
+from ..served import ServedModels
+from ..textstream import TextStream
+from ..tokenizer import Tokenizer, TokenizerError, render
+from ..worker_client import Sampling
 from .auth import require_api_key
 from .schemas import (
     INT32_MAX,
     UNSUPPORTED,
+    ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
+    SamplingFields,
+    chat_chunk,
+    chat_completion,
     completion_chunk,
     error_body,
     errors,
@@ -27,7 +38,7 @@ from .schemas import (
 )
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-tokenizer = ByteTokenizer()
+CODES = errors(400, 401, 404, 409, 413, 502, 503)
 
 
 def openai_error(
@@ -40,43 +51,102 @@ def _gateway(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
+def _served(request: Request) -> ServedModels:
+    return request.app.state.served
+
+
 @router.get("/v1/models", responses=errors(401))
 async def models(request: Request) -> dict[str, Any]:
     gw = _gateway(request)
-    card = ModelCard(id=gw.model, created=int(request.app.state.started), max_model_len=gw.max_model_len())
-    return {"object": "list", "data": [card.model_dump()]}
+    created = int(request.app.state.started)
+    cards = [ModelCard(id=m, created=created, max_model_len=n or None) for m, n in sorted(gw.cluster.models().items())]
+    return {"object": "list", "data": [c.model_dump() for c in cards]}
 
 
-def _prompt_ids(body: CompletionRequest, vocab: int | None) -> list[int] | str:
-    """The prompt as token ids, or an error message (ids must be known to every instance's model)."""
+class BadPrompt(ValueError):
+    """A prompt that cannot be served: (param, message)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _completion_ids(body: CompletionRequest, tok: Tokenizer | None) -> list[int]:
     p = body.prompt
-    ids: list[int] | None = None
-    if isinstance(p, str):
-        ids = tokenizer.encode(p)
-    elif isinstance(p, list) and p and all(isinstance(x, int) for x in p):
-        ids = list(p)  # type: ignore[arg-type]
+    one: str | list[int] | None = None
+    if isinstance(p, str) or (isinstance(p, list) and p and all(isinstance(x, int) for x in p)):
+        one = p  # type: ignore[assignment]
     elif isinstance(p, list) and len(p) == 1:
-        one = p[0]
-        ids = tokenizer.encode(one) if isinstance(one, str) else list(one) if isinstance(one, list) else None
-    if ids is None:
-        return "prompt must be one string or one list of token ids (batched prompts are not supported)"
-    limit = min(vocab or INT32_MAX + 1, INT32_MAX + 1)
-    bad = next((t for t in ids if not 0 <= t < limit), None)
-    if bad is not None:
-        return f"prompt token id {bad} is outside the model's vocabulary (0 … {limit - 1})"
-    return ids
+        one = p[0]  # type: ignore[assignment]
+    if one is None:
+        why = "prompt must be one string or one list of token ids (batched prompts are not supported)"
+        raise BadPrompt("prompt", why)
+    if isinstance(one, list):
+        return list(one)
+    if tok is None:
+        raise BadPrompt("prompt", f"model {body.model!r} has no tokenizer on this daemon: send token ids")
+    return tok.encode(one, add_special_tokens=True)
 
 
-def _unsupported(body: CompletionRequest) -> tuple[str, str] | None:
+def _chat_ids(body: ChatCompletionRequest, tok: Tokenizer | None) -> list[int]:
+    if tok is None:
+        raise BadPrompt("messages", f"model {body.model!r} has no tokenizer on this daemon: use /v1/completions")
+    messages = []
+    for m in body.messages:
+        content = m.content if isinstance(m.content, str) or m.content is None else "\n".join(p.text for p in m.content)
+        messages.append({"role": m.role, "content": content or "", **({"name": m.name} if m.name else {})})
+    try:
+        return tok.encode(render(tok, messages), add_special_tokens=False)
+    except TokenizerError as e:
+        raise BadPrompt("messages", str(e)) from None
+
+
+def _unsupported(body: SamplingFields) -> tuple[str, str] | None:
     """The first field set to something this server does not implement: (field, why)."""
     for name, (neutral, why) in UNSUPPORTED.items():
-        if getattr(body, name) not in neutral:
+        if getattr(body, name, None) not in neutral:
             return name, why
     return None
 
 
-@router.post("/v1/completions", response_model=None, responses=errors(400, 401, 404, 409, 413, 502, 503))
-async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+def _sampling(body: SamplingFields, tok: Tokenizer | None) -> Sampling:
+    """The request's sampling; omitted fields take the model's generation-config defaults, then OpenAI's."""
+    d = tok.defaults if tok is not None else {}
+    stops = tuple(body.stop_token_ids or ())
+    if not body.ignore_eos and tok is not None:
+        stops += tuple(sorted(tok.eos_ids - set(stops)))
+    top_k = body.top_k if body.top_k is not None else int(d.get("top_k", 0))
+    return Sampling(
+        temperature=body.temperature if body.temperature is not None else d.get("temperature", 1.0),
+        top_p=body.top_p if body.top_p is not None else d.get("top_p", 1.0),
+        top_k=max(0, top_k),
+        seed=body.seed,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        stop_token_ids=stops,
+        ignore_eos=body.ignore_eos,
+    )
+
+
+@dataclass
+class _Job:
+    rid: str
+    model: str
+    prompt_tokens: int
+    created: int
+    events: AsyncIterator[Tokens | Finished | Failed]
+    include_usage: bool
+    with_ids: bool
+
+
+async def _admit(
+    request: Request,
+    body: SamplingFields,
+    ids_of: Callable[[Tokenizer | None], list[int]],
+    max_tokens: int | None,
+    id_prefix: str,
+) -> _Job | JSONResponse:
+    """Validate, tokenize and start one request, or the error answer (recorded as rejected)."""
     gw = _gateway(request)
     if gw.draining:
         return JSONResponse(
@@ -85,7 +155,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
             headers={"Retry-After": "5"},
         )
     chosen = body.tetri.request_id if body.tetri else None
-    rid = chosen or new_request_id()
+    rid = chosen or new_request_id(id_prefix)
     if chosen:  # only a client-chosen id can collide; generated ids skip the lookup on this hot path
         if gw.id_taken(rid):
             return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
@@ -95,104 +165,172 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         if await asyncio.to_thread(request.app.state.store.get_request, rid):
             gw.reserved.pop(rid, None)
             return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
-    ids = _prompt_ids(body, gw.vocab_size())
-    max_len = gw.max_model_len()
+    ids: list[int] = []
 
     def reject(status: int, message: str, type_: str, param: str | None, code: str | None = None) -> JSONResponse:
         # recorded under an id of its own: a client-chosen id stays free for the corrected request
         note = f"{message} (tetri.request_id {rid!r})" if chosen else message
         gw.reserved.pop(rid, None)
-        gw.record_rejected(new_request_id(), note, len(ids) if isinstance(ids, list) else 0, body.max_tokens)
+        gw.record_rejected(new_request_id(), note, len(ids), max_tokens or 0, body.model)
         return openai_error(status, message, type_, param, code)
 
     unsupported = _unsupported(body)
     if unsupported is not None:
         return reject(400, f"{unsupported[0]}: {unsupported[1]}", "BadRequestError", unsupported[0])
-    if body.model != gw.model:
+    served = gw.cluster.models()
+    if body.model not in served:
         return reject(404, f"The model `{body.model}` does not exist.", "NotFoundError", "model", "model_not_found")
-    if isinstance(ids, str):
-        return reject(400, ids, "BadRequestError", "prompt")
+    tok = _served(request).tokenizer(body.model)
+    try:
+        ids = ids_of(tok)
+    except BadPrompt as e:
+        return reject(400, str(e), "BadRequestError", e.param)
     if not ids:
         return reject(400, "prompt must not be empty", "BadRequestError", "prompt")
-    if any(t < 0 for t in ids):
-        return reject(400, "prompt token ids must be non-negative", "BadRequestError", "prompt")
-    if body.max_tokens <= 0:
-        return reject(400, f"max_tokens must be at least 1, got {body.max_tokens}", "BadRequestError", "max_tokens")
-    if max_len is not None and len(ids) >= max_len:
-        return reject(
-            400,
-            f"prompt has {len(ids)} tokens; this model's context is {max_len}",
-            "BadRequestError",
-            "prompt",
-            "context_length_exceeded",
-        )
-    if max_len is not None and len(ids) + body.max_tokens > max_len:
-        return reject(
-            400,
-            f"max_tokens {body.max_tokens} + prompt {len(ids)} tokens exceeds the context of {max_len}",
-            "BadRequestError",
-            "max_tokens",
-            "context_length_exceeded",
-        )
+    limit = min(gw.vocab_size(body.model) or INT32_MAX + 1, INT32_MAX + 1)
+    bad = next((t for t in ids if not 0 <= t < limit), None)
+    if bad is not None:
+        message = f"prompt token id {bad} is outside the model's vocabulary (0 … {limit - 1})"
+        return reject(400, message, "BadRequestError", "prompt")
+    if body.stop and tok is None:
+        return reject(400, "stop strings need the model's tokenizer (none on this daemon)", "BadRequestError", "stop")
+    max_len = served[body.model] or gw.max_model_len(body.model)
     if max_len is None:
         return reject(503, "no instance is registered yet", "ServiceUnavailableError", None)
+    if len(ids) >= max_len:
+        message = f"prompt has {len(ids)} tokens; this model's context is {max_len}"
+        return reject(400, message, "BadRequestError", "prompt", "context_length_exceeded")
+    want = max_tokens if max_tokens is not None else max_len - len(ids)
+    if want <= 0:
+        return reject(400, f"max_tokens must be at least 1, got {want}", "BadRequestError", "max_tokens")
+    if len(ids) + want > max_len:
+        message = f"max_tokens {want} + prompt {len(ids)} tokens exceeds the context of {max_len}"
+        return reject(400, message, "BadRequestError", "max_tokens", "context_length_exceeded")
     sla = body.tetri
     pin = sla.decode_instance if sla else None
     if pin is not None:
         target = gw.cluster.instances.get(pin)
-        if target is None or target.role != "decode":
-            what = "no such instance" if target is None else f"it is a {target.role} instance"
+        if target is None or target.role != "decode" or target.model != body.model:
+            what = "no such instance" if target is None else f"it is a {target.role} instance of {target.model!r}"
             return reject(400, f"tetri.decode_instance {pin!r}: {what}", "BadRequestError", "tetri.decode_instance")
+    sampling = _sampling(body, tok)
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    text = TextStream(tok.decoder(ids), stop, frozenset(sampling.stop_token_ids)) if tok is not None else None
     events = gw.run(
-        rid, ids, body.max_tokens, sla.sla_ttft_ms if sla else None, sla.sla_jct_ms if sla else None, pin=pin
+        rid,
+        body.model,
+        ids,
+        want,
+        sla.sla_ttft_ms if sla else None,
+        sla.sla_jct_ms if sla else None,
+        pin=pin,
+        sampling=sampling,
+        text=text,
     )
-    created = int(time.time())
-    if body.stream:
-        return StreamingResponse(
-            _sse(events, rid, created, gw.model, len(ids), body.return_token_ids), media_type="text/event-stream"
-        )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return _Job(rid, body.model, len(ids), int(time.time()), events, include_usage, body.return_token_ids)
+
+
+async def _collect(job: _Job) -> tuple[str, list[int], str] | Failed:
+    """A whole answer: its text, token ids and finish reason, or the failure."""
+    parts: list[str] = []
     toks: list[int] = []
-    async for ev in events:
+    async for ev in job.events:
         if isinstance(ev, Failed):
-            return openai_error(_failure_status(ev), ev.message, "APIError", None, _failure_code(ev))
+            return ev
         if isinstance(ev, Finished):
-            reason = ev.reason
-        else:
-            toks.extend(ev.ids)
+            return "".join(parts), toks, ev.reason
+        parts.append(ev.text)
+        toks.extend(ev.ids)
+    return Failed("stream ended without a result")
+
+
+@router.post("/v1/completions", response_model=None, responses=CODES)
+async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+    job = await _admit(request, body, lambda tok: _completion_ids(body, tok), body.max_tokens, "cmpl-")
+    if isinstance(job, JSONResponse):
+        return job
+    if body.stream:
+        return StreamingResponse(_sse(job, chat=False), media_type="text/event-stream")
+    got = await _collect(job)
+    if isinstance(got, Failed):
+        return _failure(got)
+    text, toks, reason = got
+    ids = toks if job.with_ids else None
     return JSONResponse(
-        completion_chunk(
-            rid,
-            created,
-            gw.model,
-            tokenizer.decode(toks),
-            reason,
-            usage(len(ids), len(toks)),
-            toks if body.return_token_ids else None,
-        )
+        completion_chunk(job.rid, job.created, job.model, text, reason, usage(job.prompt_tokens, len(toks)), ids)
     )
 
 
-def _failure_code(ev: Failed) -> str:
-    return "daemon_shutdown" if ev.status == Status.INTERRUPTED else "worker_failed"
+@router.post("/v1/chat/completions", response_model=None, responses=CODES)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    job = await _admit(request, body, lambda tok: _chat_ids(body, tok), max_tokens, "chatcmpl-")
+    if isinstance(job, JSONResponse):
+        return job
+    if body.stream:
+        return StreamingResponse(_sse(job, chat=True), media_type="text/event-stream")
+    got = await _collect(job)
+    if isinstance(got, Failed):
+        return _failure(got)
+    text, toks, reason = got
+    ids = toks if job.with_ids else None
+    return JSONResponse(
+        chat_completion(job.rid, job.created, job.model, text, reason, usage(job.prompt_tokens, len(toks)), ids)
+    )
 
 
-def _failure_status(ev: Failed) -> int:
-    return 503 if ev.status == Status.INTERRUPTED else 502
+def _failure(ev: Failed) -> JSONResponse:
+    interrupted = ev.status == Status.INTERRUPTED
+    code = "daemon_shutdown" if interrupted else "worker_failed"
+    return openai_error(503 if interrupted else 502, ev.message, "APIError", None, code)
 
 
-async def _sse(
-    events: AsyncIterator[Any], rid: str, created: int, model: str, prompt_len: int, with_ids: bool
-) -> AsyncIterator[bytes]:
+def _frame(job: _Job, chat: bool, ev: Tokens | Finished) -> dict[str, Any] | None:
+    """One SSE chunk of a stream (None: nothing to send yet); the finishing one carries the reason."""
+    ids: list[int] | None = None
+    if job.with_ids:
+        ids = [] if isinstance(ev, Finished) else ev.ids
+    if isinstance(ev, Finished):
+        text, reason = "", ev.reason
+    elif ev.text or ids:
+        text, reason = ev.text, None
+    else:
+        return None
+    if chat:
+        return chat_chunk(job.rid, job.created, job.model, {"content": text} if text else {}, reason, None, ids)
+    return completion_chunk(job.rid, job.created, job.model, text, reason, None, ids)
+
+
+def _usage_chunk(job: _Job, chat: bool, n: int) -> dict[str, Any]:
+    """The last chunk when `stream_options.include_usage`: no choices, the usage."""
+    u = usage(job.prompt_tokens, n)
+    if chat:
+        return chat_chunk(job.rid, job.created, job.model, None, None, u)
+    return {"id": job.rid, "object": "text_completion", "created": job.created, "model": job.model, "choices": [],
+            "usage": u}  # fmt: skip
+
+
+def _data(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _sse(job: _Job, chat: bool) -> AsyncIterator[bytes]:
+    if chat:  # the first chunk names the role, as OpenAI's and vLLM's do
+        yield _data(chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None))
     n = 0
-    async for ev in events:
+    async for ev in job.events:
         if isinstance(ev, Failed):
-            yield b"data: " + json.dumps(error_body(ev.message, "APIError", None, _failure_code(ev))).encode() + b"\n\n"
+            code = "daemon_shutdown" if ev.status == Status.INTERRUPTED else "worker_failed"
+            yield _data(error_body(ev.message, "APIError", None, code))
             break
+        if isinstance(ev, Tokens):
+            n += len(ev.ids)
+        body = _frame(job, chat, ev)
+        if body is not None:
+            yield _data(body)
         if isinstance(ev, Finished):
-            body = completion_chunk(rid, created, model, "", ev.reason, usage(prompt_len, n), [] if with_ids else None)
-            yield b"data: " + json.dumps(body).encode() + b"\n\n"
+            if job.include_usage:
+                yield _data(_usage_chunk(job, chat, n))
             break
-        n += len(ev.ids)
-        body = completion_chunk(rid, created, model, tokenizer.decode(ev.ids), None, None, ev.ids if with_ids else None)
-        yield b"data: " + json.dumps(body).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"

@@ -22,41 +22,82 @@ class TetriExtension(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    include_usage: bool = True
+    include_usage: bool = False  # a last chunk with `usage` and no choices
 
 
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(strict=True)]
 
 
-class CompletionRequest(BaseModel):
-    """POST /v1/completions. Every field is typed strictly (``"4"`` is not 4, ``true`` is not 1). A field
-    this server does not implement is a 400 naming it: unknown ones, and `n`, `best_of`, `echo`,
-    `logprobs`, `suffix`, `logit_bias`, `stop` at anything but their neutral value (`UNSUPPORTED`).
-    Sampling knobs are accepted; the sim engine's tokens are deterministic whatever they say."""
+StopStrings = str | Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=16)]
+
+
+class SamplingFields(BaseModel):
+    """What /v1/completions and /v1/chat/completions share: sampling (passed to the engine: vLLM's
+    SamplingParams; the sim engine's tokens are deterministic whatever they say), stops, streaming,
+    Tetri's extension. Every field is typed strictly (``"4"`` is not 4, ``true`` is not 1); a field this
+    server does not implement is a 400 naming it: unknown ones, and those in `UNSUPPORTED` at anything
+    but their neutral value. An omitted sampling field takes the model's generation-config default, then
+    OpenAI's (temperature 1), as vLLM's server does."""
 
     model_config = ConfigDict(extra="forbid")
     model: str = Field(max_length=256)
-    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
-    max_tokens: int = Field(16, strict=True, le=INT32_MAX)
     stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, strict=True, ge=-1, le=INT32_MAX)  # vLLM's: 0 or -1 is off
     seed: int | None = Field(None, strict=True, ge=-(2**63), lt=2**63)
     presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    stop: StopStrings | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None  # vLLM's
+    ignore_eos: bool = Field(False, strict=True)  # vLLM's: generate past the model's EOS
     user: str | None = Field(None, max_length=256)
-    return_token_ids: bool = Field(False, strict=True)
+    return_token_ids: bool = Field(False, strict=True)  # vLLM's: the output's token ids beside the text
     tetri: TetriExtension | None = None
     # OpenAI fields accepted only at their neutral value (see UNSUPPORTED)
     n: int | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    max_tokens: int = Field(16, strict=True, le=INT32_MAX)
     best_of: int | None = None
     echo: bool | None = None
     logprobs: int | None = None
     suffix: str | None = None
-    logit_bias: dict[str, float] | None = None
-    stop: str | list[str] | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One turn. Content is text, or a list of text parts (joined with newlines, as vLLM joins them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(None, max_length=256)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions: the messages rendered with the model's chat template."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = Field(None, strict=True, le=INT32_MAX)  # None: what the context leaves
+    max_completion_tokens: int | None = Field(None, strict=True, le=INT32_MAX)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 # field -> (values this server can honour, why not otherwise)
@@ -64,10 +105,13 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "n": ((None, 1), "only n=1 is supported"),
     "best_of": ((None, 1), "only best_of=1 is supported"),
     "echo": ((None, False), "echo is not supported"),
-    "logprobs": ((None,), "logprobs are not supported"),
+    "logprobs": ((None, False), "logprobs are not supported"),
+    "top_logprobs": ((None, 0), "logprobs are not supported"),
     "suffix": ((None, ""), "suffix is not supported"),
     "logit_bias": ((None, {}), "logit_bias is not supported"),
-    "stop": ((None, [], ""), "stop sequences are not supported (token ids carry no text here)"),
+    "tools": ((None, []), "tools are not supported"),
+    "tool_choice": ((None, "none"), "tools are not supported"),
+    "response_format": ((None, {"type": "text"}), "response_format is not supported (text only)"),
 }
 
 
@@ -127,6 +171,56 @@ def completion_chunk(
     if usage is not None:
         body["usage"] = usage
     return body
+
+
+def chat_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any] | None,
+    finish_reason: str | None,
+    usage: dict[str, int] | None = None,
+    token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    """A chat.completion.chunk; `delta` None: the usage-only last chunk (no choices)."""
+    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+    if delta is None:
+        body["choices"] = []
+    else:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        body["choices"] = [choice]
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def chat_completion(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage: dict[str, int],
+    token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

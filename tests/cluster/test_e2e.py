@@ -45,6 +45,7 @@ async def stream_many(url: str, n: int) -> list[tuple[str, int, int, str | None]
             prompt=[(i * 7 + k) % 250 for k in range(10 + i % 40)],
             max_tokens=want,
             stream=True,
+            stream_options={"include_usage": True},
             extra_body={"tetri": {"sla_ttft_ms": 500}},
         )
         got, rid, usage, reason = 0, "", None, None

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "max_tokens", "decode_instance_id", "predicted_lo", "predicted_hi", "resumed_tokens")
+    __slots__ = ("request_id", "prompt_token_ids", "max_tokens", "decode_instance_id", "predicted_lo", "predicted_hi", "resumed_tokens", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class GenerateRequest(_message.Message):
     PREDICTED_LO_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_HI_FIELD_NUMBER: _ClassVar[int]
     RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
@@ -22,7 +23,28 @@ class GenerateRequest(_message.Message):
     predicted_lo: int
     predicted_hi: int
     resumed_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., decode_instance_id: _Optional[str] = ..., predicted_lo: _Optional[int] = ..., predicted_hi: _Optional[int] = ..., resumed_tokens: _Optional[int] = ...) -> None: ...
+    sampling: Sampling
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., decode_instance_id: _Optional[str] = ..., predicted_lo: _Optional[int] = ..., predicted_hi: _Optional[int] = ..., resumed_tokens: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
+
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "stop_token_ids", "ignore_eos")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    presence_penalty: float
+    frequency_penalty: float
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class KVHandle(_message.Message):
     __slots__ = ("request_id", "num_tokens", "num_bytes", "source_instance_id", "params")
@@ -192,7 +214,7 @@ class LoadReport(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ..., heavy: _Optional[int] = ..., light: _Optional[int] = ..., predicted_growth_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., held_kv_tokens: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens", "vocab_size")
+    __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens", "vocab_size", "tokenizer")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +222,7 @@ class RegisterRequest(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     role: str
     address: str
@@ -207,7 +230,8 @@ class RegisterRequest(_message.Message):
     max_model_len: int
     kv_capacity_tokens: int
     vocab_size: int
-    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
+    tokenizer: str
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("accepted", "reason", "report_interval_s")
@@ -220,14 +244,16 @@ class RegisterReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
 
 class DecodeInstanceLoad(_message.Message):
-    __slots__ = ("instance_id", "address", "load")
+    __slots__ = ("instance_id", "address", "load", "model")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     address: str
     load: LoadReport
-    def __init__(self, instance_id: _Optional[str] = ..., address: _Optional[str] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
+    model: str
+    def __init__(self, instance_id: _Optional[str] = ..., address: _Optional[str] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class DecodeLoadBroadcast(_message.Message):
     __slots__ = ("instances", "timestamp", "policies_json", "policy_version")

@@ -26,6 +26,24 @@ class EngineError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How to pick tokens (vLLM's SamplingParams; the sim engine's tokens ignore it). The default is greedy
+    with no stop token."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()  # the request ends after any of these (counted, like vLLM)
+    ignore_eos: bool = False
+
+
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -35,6 +53,7 @@ class EngineRequest:
     # a migrated request: the last `resumed_tokens` prompt tokens are outputs already streamed, so the
     # engine's first output token is output index `resumed_tokens` of the original request
     resumed_tokens: int = 0
+    sampling: Sampling = GREEDY
 
     @property
     def prompt_len(self) -> int:
@@ -74,6 +93,9 @@ class Engine(ABC):
     model_name: str
     max_model_len: int
     vocab_size: int  # token ids the model knows: 0 … vocab_size − 1 (0 until started, for vLLM)
+    # where the daemon loads this model's tokenizer: a local directory, "builtin:bytes" (the sim's byte
+    # tokenizer) or "" (none: token-id prompts only); set by the worker (workers.main)
+    tokenizer: str = ""
     instance_id: str
 
     async def start(self) -> None:  # noqa: B027 - optional hook

@@ -13,7 +13,7 @@
 * colocated role: vLLM as is (the vanilla baseline): one engine, both phases, its own scheduler.
 
 ChunkSize is vLLM's ``max_num_batched_tokens`` (chunked prefill on), fixed when the engine starts.
-Greedy decoding (temperature 0). With ``kv_both`` the connector both produces and consumes, so a flip
+Sampling is the request's (`EngineRequest.sampling`: greedy unless the daemon says otherwise). With ``kv_both`` the connector both produces and consumes, so a flip
 changes the role without restarting vLLM (`set_role`).
 """
 
@@ -229,7 +229,7 @@ class VllmEngine(Engine):
             await fut  # our prefill order hands the prompt to vLLM
             if self._llm is None:
                 raise EngineError(f"engine {self.instance_id} stopped")
-            sp = self._sampling(1, connectors.prefill_params(self.options.connector))
+            sp = self._sampling(req, 1, connectors.prefill_params(self.options.connector))
             first, out = None, None
             self._active += 1
             try:
@@ -326,7 +326,7 @@ class VllmEngine(Engine):
             if req.max_tokens <= 1:
                 return
             prompt = [*req.prompt_token_ids, first_token]
-            sp = self._sampling(req.max_tokens - 1, None)
+            sp = self._sampling(req, req.max_tokens - 1, None)
             params = connectors.decode_params(self._params.pop(req.request_id, {}))
             if params:
                 sp.extra_args = {"kv_transfer_params": params}
@@ -409,7 +409,7 @@ class VllmEngine(Engine):
         self._check_role("generate", "colocated")
         self._validate(req)
         seen = 0
-        sp = self._sampling(req.max_tokens, None)
+        sp = self._sampling(req, req.max_tokens, None)
         self._active += 1
         try:
             prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
@@ -466,10 +466,23 @@ class VllmEngine(Engine):
         )
 
     # --- helpers -----------------------------------------------------------------------------------------
-    def _sampling(self, max_tokens: int, kv_params: dict[str, Any] | None) -> Any:
+    def _sampling(self, req: EngineRequest, max_tokens: int, kv_params: dict[str, Any] | None) -> Any:
+        """vLLM's SamplingParams for the request (the daemon resolved the defaults and the EOS ids: vLLM has
+        no tokenizer here, so `stop_token_ids` carry the model's EOS unless `ignore_eos`)."""
         from vllm import SamplingParams
 
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        s = req.sampling
+        sp = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            seed=s.seed,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            stop_token_ids=list(s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
+        )
         if kv_params:
             sp.extra_args = {"kv_transfer_params": kv_params}
         return sp

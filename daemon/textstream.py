@@ -1,0 +1,70 @@
+"""A request's output as text: incremental detokenization, stop strings and stop tokens, the way vLLM's
+output processor does them, so Tetri's answers match a plain vLLM server's character for character.
+
+Fed the token ids a worker streams, one chunk at a time. Per token: a stop token (the model's EOS unless
+`ignore_eos`) ends the output and is counted but not rendered; otherwise the token's text is appended and
+the stop strings are searched in the new tail; the first that completes ends the output just before it
+(tokens after the one completing it are dropped). While streaming, the last `max(len(stop)) − 1`
+characters are held back so a stop string is never half sent; `rest()` releases them at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .tokenizer import Decoder
+
+
+@dataclass(frozen=True)
+class Delta:
+    ids: list[int]  # the chunk's tokens that count (up to and including a stop)
+    text: str  # text that may be sent now
+    stopped: bool = False  # a stop token or stop string ended the output
+
+
+class TextStream:
+    def __init__(self, decoder: Decoder, stop: Sequence[str] = (), stop_ids: frozenset[int] = frozenset()) -> None:
+        self._decoder = decoder
+        self._stop = [s for s in stop if s]
+        self._stop_ids = stop_ids
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self.text = ""  # the output so far (truncated at a stop string)
+        self._sent = 0
+        self.stopped = False
+
+    def feed(self, ids: Sequence[int]) -> Delta:
+        kept: list[int] = []
+        for tok in ids:
+            if self.stopped:
+                break
+            kept.append(tok)
+            if tok in self._stop_ids:
+                self.stopped = True
+                break
+            piece = self._decoder.step(tok)
+            if not piece:
+                continue
+            self.text += piece
+            self._check_stop(len(piece))
+        return Delta(kept, self._take(self._hold if not self.stopped else 0), self.stopped)
+
+    def rest(self) -> str:
+        """The held-back text, at the end of the output."""
+        return self._take(0)
+
+    def _check_stop(self, new_chars: int) -> None:
+        best: tuple[int, int] | None = None  # (end, start) of the stop string completing earliest
+        for s in self._stop:
+            at = self.text.find(s, max(0, len(self.text) - new_chars - len(s) + 1))
+            if at != -1 and (best is None or at + len(s) < best[0]):
+                best = (at + len(s), at)
+        if best is not None:
+            self.text = self.text[: best[1]]
+            self.stopped = True
+
+    def _take(self, hold: int) -> str:
+        end = max(self._sent, len(self.text) - hold)
+        out = self.text[self._sent : end]
+        self._sent = end
+        return out
