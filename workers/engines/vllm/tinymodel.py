@@ -40,6 +40,11 @@ _EXTRA = (
 )
 
 
+def words(seed: int, n: int) -> list[str]:
+    """`n` words of the tokenizer's corpus vocabulary, a fixed sequence per seed (for prompts in tests)."""
+    return [_WORDS[(seed * k + k * k) % len(_WORDS)] for k in range(1, n + 1)]
+
+
 def _corpus() -> list[str]:
     n = len(_WORDS)
     return [" ".join(_WORDS[(i * k) % n] for k in range(1, 12)) + "." for i in range(400)] + list(_EXTRA)
