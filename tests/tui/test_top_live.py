@@ -185,7 +185,7 @@ def test_daemon_down_then_back(tmp_path: Path):
                 daemon = spawn("daemon.main", ["--port", str(port), "--grpc-port", "0", "--state-dir", str(tmp_path)])
                 try:
                     await asyncio.to_thread(wait_ready, daemon, "daemon")
-                    await until(lambda: app.connected is True and "tetri-sim" in app.sub_title, pilot)
+                    await until(lambda: app.connected is True and "no model yet" in app.sub_title, pilot)
                 finally:
                     stop_all([daemon])
                 await until(lambda: app.connected is False, pilot)

@@ -120,7 +120,7 @@ class TopApp(App[None]):
         finally:
             self._fetching = False
         self.connected = True
-        self.sub_title = f"{self.client.target.url} · {cluster['model']} · {cluster['mode']}"
+        self.sub_title = f"{self.client.target.url} · {cluster['model'] or 'no model yet'} · {cluster['mode']}"
         self.instances = instances
         self.policies = policies["policies"]
         self.history.add_instances(instances)
