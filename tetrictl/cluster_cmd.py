@@ -84,6 +84,7 @@ def worker_start(
     chunk_size: Annotated[int | None, typer.Option(help="vllm: max_num_batched_tokens (ChunkSize).")] = None,
     max_model_len: Annotated[int | None, typer.Option(help="vllm: context length.")] = None,
     block_size: Annotated[int | None, typer.Option(help="vllm: KV block size.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="vllm: auto, float32, bfloat16 or float16.")] = None,
     profile: Annotated[str | None, typer.Option(help="Sim profile (default opt-13b-v100).")] = None,
     profiles_file: Annotated[
         Path | None, typer.Option(help="Sim: read the profile from this file (`tetrictl profile` writes one).")
@@ -121,6 +122,7 @@ def worker_start(
         ("--chunk-size", chunk_size),
         ("--max-model-len", max_model_len),
         ("--block-size", block_size),
+        ("--dtype", dtype),
     ):
         _opt(args, flag, v)
     if kv_both:
