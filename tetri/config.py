@@ -134,6 +134,12 @@ class WorkerSettings(BaseSettings):
     max_model_len: int | None = Field(None, ge=16, description="vllm: context length (default: the model's).")
     block_size: int | None = Field(None, ge=1, description="vllm: KV block size (default: the platform's).")
     max_num_seqs: int = Field(64, ge=1, description="vllm: most sequences in a batch.")
+    idle_spin_s: float | None = Field(
+        None,
+        ge=0,
+        description="vllm: how long the engine's idle processes busy-wait for the next message (vLLM's own: "
+        "1 s); default 0 for prefill and decode (engines sharing cores), vLLM's for colocated.",
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm on GPUs: memory share to use.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="vllm: weight and KV dtype (auto: the model's)."

@@ -87,6 +87,7 @@ def _engine(settings: WorkerSettings, instance_id: str) -> Engine:
             max_num_seqs=settings.max_num_seqs,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             dtype=settings.dtype,
+            idle_spin_s=settings.idle_spin_s,
         )
         return VllmEngine(opts, settings.role, instance_id)
     raise ValueError(f"unknown engine {settings.engine!r}")
@@ -208,6 +209,7 @@ if __name__ == "__main__":
     for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
         ap.add_argument(f"--{flag}", type=int)
     ap.add_argument("--kv-wait-s", type=float)
+    ap.add_argument("--idle-spin-s", type=float)
     ap.add_argument("--port", type=int)
     ap.add_argument("--advertise")
     for flag in ("tls-cert-file", "tls-key-file", "tls-ca-file"):
@@ -241,6 +243,7 @@ if __name__ == "__main__":
             kv_both=a.kv_both,
             on_missing_kv=a.on_missing_kv,
             kv_wait_s=a.kv_wait_s,
+            idle_spin_s=a.idle_spin_s,
             chunk_size=a.chunk_size,
             max_model_len=a.max_model_len,
             block_size=a.block_size,

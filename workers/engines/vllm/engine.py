@@ -13,8 +13,9 @@
 * colocated role: vLLM as is (the vanilla baseline): one engine, both phases, its own scheduler.
 
 ChunkSize is vLLM's ``max_num_batched_tokens`` (chunked prefill on), fixed when the engine starts.
-Sampling is the request's (`EngineRequest.sampling`: greedy unless the daemon says otherwise). With ``kv_both`` the connector both produces and consumes, so a flip
-changes the role without restarting vLLM (`set_role`).
+Sampling is the request's (`EngineRequest.sampling`: greedy unless the daemon says otherwise). With
+``kv_both`` the connector both produces and consumes, so a flip changes the role without restarting vLLM
+(`set_role`). A prefill or decode engine's idle processes do not busy-wait (`plugin`, `idle_spin_s`).
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import FixedBatchPrefill, PrefillItem
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
 
-from . import connectors
+from . import connectors, plugin
 
 ROLES = ("prefill", "decode", "colocated")
 TOKENS_PER_S_WINDOW_S = 2.0
+IDLE_SPIN_S = 0.005  # prefill/decode engines: spin this long after a message, then nap (`plugin`)
 
 # vLLM logs to stdout by default; a worker's stdout carries its ready line to a parent that may stop
 # reading it, so vLLM (and the engine processes it spawns) log to stderr instead
@@ -69,6 +71,10 @@ class VllmOptions:
     enforce_eager: bool = True
     dtype: str = "auto"  # weights and KV: auto (the model's), float32, bfloat16, float16
     connector_extra: tuple[tuple[str, Any], ...] = ()
+    # how long the engine's idle processes busy-wait for the next message before they nap between checks
+    # (`plugin`); None: vLLM's own (1 s). Disaggregated roles default to IDLE_SPIN_S: a prefill and a
+    # decode engine sharing cores must not spin on each other's time
+    idle_spin_s: float | None = None
 
 
 class _Stats:
@@ -179,6 +185,13 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = self._engine_args()
+        spin = self.options.idle_spin_s
+        if spin is None and self.role != "colocated":
+            spin = IDLE_SPIN_S
+        if spin is None:  # the engine's processes inherit the environment (plugin.ENV) when they start
+            os.environ.pop(plugin.ENV, None)
+        else:
+            os.environ[plugin.ENV] = repr(spin)
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory])
         cfg = self._llm.vllm_config
         self.max_model_len = int(cfg.model_config.max_model_len)
