@@ -1,0 +1,178 @@
+"""Tetri's control-plane CPU cost per request and per output token, without an engine.
+
+    python bench/control_plane_cost.py [--requests 1000] [--short 8] [--long 128] [--concurrency 16]
+        [--prompt 64] [--modes colocated,disaggregated] [--time-scale 1e6]
+
+For each mode a daemon and sim workers start on loopback (`tetrictl.procs.start_local_cluster`):
+colocated = one colocated worker, disaggregated = one prefill + one decode worker. The sim engine runs on
+a clock `--time-scale` times faster than the wall, so its simulated compute takes no wall time and what is
+left is the control plane: HTTP + SSE in the daemon, gRPC between daemon and workers (and between the
+prefill and decode workers), the status-table writes, the workers' scheduling and token streaming.
+
+Two batches of `--requests` streamed requests each (prompt `--prompt` token ids, `--short` and `--long`
+output tokens), `--concurrency` at a time, from one httpx client in this process. The CPU seconds of the
+daemon and of each worker (utime + stime from /proc/<pid>/stat, all threads, plus reaped children) are
+read before and after each batch; the idle rate (load reports, broadcasts; measured for `--idle-s` before
+the batches) times each batch's wall time is subtracted, and cost = a × requests + b × tokens is solved
+from the two batches: a = CPU per request, b = CPU per output token. The client's own CPU is not counted
+(it shares the two cores, so it slows the wall clock, not the CPU seconds measured).
+
+Target: a + b × tokens under 1 ms per request + 50 µs per token, daemon and workers together.
+Note: sim tokens come as fast as the control plane takes them, so a worker's stream may coalesce several
+tokens into one chunk (the table shows tokens per SSE chunk); a real engine's tokens arrive one step apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from tetrictl.procs import start_local_cluster
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime (+ reaped children's) of a process, all threads, in seconds."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / TICK  # utime stime cutime cstime (fields 14–17)
+
+
+@dataclass
+class Batch:
+    requests: int
+    tokens: int
+    chunks: int
+    wall: float
+    cpu: dict[str, float]  # process name -> CPU seconds, idle rate already subtracted
+
+
+async def send(url: str, n: int, prompt: int, max_tokens: int, concurrency: int) -> tuple[int, int]:
+    """`n` streamed completions, `concurrency` at a time; (output tokens, SSE token chunks) in all."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        body = {"model": model, "prompt": list(range(1, prompt + 1)), "max_tokens": max_tokens, "stream": True}
+        body["return_token_ids"] = True  # tokens counted from the ids (text is rendered as usual)
+        left, tokens, chunks = [n], [0], [0]
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                async with client.stream("POST", "/v1/completions", json=body) as resp:
+                    resp.raise_for_status()
+                    async for line in resp.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        msg = json.loads(line[6:])
+                        if "error" in msg:
+                            raise RuntimeError(msg["error"])
+                        n = sum(len(c.get("token_ids") or []) for c in msg.get("choices", []))
+                        tokens[0] += n
+                        chunks[0] += n > 0
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return tokens[0], chunks[0]
+
+
+def measure(url: str, pids: dict[str, int], idle: dict[str, float], n: int, prompt: int, out: int, conc: int) -> Batch:
+    before = {k: cpu_seconds(p) for k, p in pids.items()}
+    t0 = time.perf_counter()
+    tokens, chunks = asyncio.run(send(url, n, prompt, out, conc))
+    wall = time.perf_counter() - t0
+    cpu = {k: cpu_seconds(p) - before[k] - idle[k] * wall for k, p in pids.items()}
+    return Batch(n, tokens, chunks, wall, cpu)
+
+
+def fit(short: Batch, long: Batch, names: list[str]) -> tuple[float, float]:
+    """Solve cpu = a × requests + b × tokens over the two batches (for the summed CPU of `names`)."""
+    m = np.array([[short.requests, short.tokens], [long.requests, long.tokens]], dtype=float)
+    c = np.array([sum(short.cpu[k] for k in names), sum(long.cpu[k] for k in names)])
+    a, b = np.linalg.solve(m, c)
+    return float(a), float(b)
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict[str, int], dict[str, float], Batch, Batch]:
+    roles = ["colocated"] if mode == "colocated" else ["prefill", "decode"]
+    state = Path(tempfile.mkdtemp(prefix=f"tetri-cpcost-{mode}-"))
+    cluster = start_local_cluster(roles, state_dir=state, profile=args.profile, time_scale=args.time_scale, mode=mode)
+    try:
+        pids = {"daemon": cluster.procs[0].pid} | {w["role"]: int(w["pid"]) for w in cluster.workers}
+        time.sleep(0.5)  # one load broadcast: the prefill worker knows the decode worker
+        asyncio.run(send(cluster.url, args.warmup, args.prompt, args.long, args.concurrency))
+        before = {k: cpu_seconds(p) for k, p in pids.items()}
+        time.sleep(args.idle_s)
+        idle = {k: (cpu_seconds(p) - before[k]) / args.idle_s for k, p in pids.items()}
+        short = measure(cluster.url, pids, idle, args.requests, args.prompt, args.short, args.concurrency)
+        long = measure(cluster.url, pids, idle, args.requests, args.prompt, args.long, args.concurrency)
+        return pids, idle, short, long
+    finally:
+        cluster.stop(drain_s=10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=1000, help="requests per batch")
+    ap.add_argument("--short", type=int, default=8, help="output tokens of the first batch")
+    ap.add_argument("--long", type=int, default=128, help="output tokens of the second batch")
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--idle-s", type=float, default=3.0)
+    ap.add_argument("--modes", default="colocated,disaggregated")
+    ap.add_argument("--profile", default="opt-13b-v100")
+    ap.add_argument("--time-scale", type=float, default=1e6)
+    args = ap.parse_args()
+    t = Table(
+        title=f"Control-plane CPU, sim engine at time scale {args.time_scale:g}: {args.requests} requests × "
+        f"{args.short} and × {args.long} output tokens, prompt {args.prompt}, concurrency {args.concurrency}",
+        title_justify="left",
+    )
+    cols = ["mode", "process", "µs / request", "µs / token", f"ms / {args.short}-tok req", f"ms / {args.long}-tok req"]
+    cols += ["idle CPU %", "req/s short", "req/s long", "tokens / SSE chunk"]
+    for i, c in enumerate(cols):
+        t.add_column(c, justify="left" if i < 2 else "right")
+    for mode in [m for m in args.modes.split(",") if m]:
+        pids, idle, short, long = run_mode(mode, args)
+        groups = [[k] for k in pids] + [[k for k in pids if k != "daemon"], list(pids)]
+        labels = [*pids, "workers", "total"]
+        for names, label in zip(groups, labels, strict=True):
+            if label == "workers" and len(names) == 1:
+                continue  # one worker: already on its own row
+            a, b = fit(short, long, names)
+            total = label == "total"
+            ok = a < 1e-3 and b < 50e-6
+            row = [
+                mode if label == "daemon" else "",
+                f"[b]{label}[/b]" if total else label,
+                f"{a * 1e6:,.0f}",
+                f"{b * 1e6:,.1f}",
+                f"{(a + b * args.short) * 1e3:.2f}",
+                f"{(a + b * args.long) * 1e3:.2f}",
+                f"{sum(idle[k] for k in names) * 100:.1f}",
+                f"{short.requests / short.wall:,.0f}" if total else "",
+                f"{long.requests / long.wall:,.0f}" if total else "",
+                f"{short.tokens / max(1, short.chunks):.2f} / {long.tokens / max(1, long.chunks):.2f}" if total else "",
+            ]
+            if total:
+                row[1] += " [green](meets target)[/green]" if ok else " [red](misses target)[/red]"
+            t.add_row(*row)
+        t.add_section()
+    Console(width=170).print(t)
+    print("target: < 1,000 µs per request and < 50 µs per token, daemon + workers")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""Plain vLLM vs Tetri colocated vs Tetri disaggregated, on the same requests, measured at the client.
+
+    python bench/vllm_serving_bench.py [--model DIR] [--requests 50] [--rate 10] [--seed 0]
+        [--patterns burst,poisson,sequential] [--systems vllm,colocated,disaggregated] [--json FILE]
+        [--omp-bind 1/0]
+
+One system runs at a time, each on the same engine options (float32, block size 32, max model len 1024,
+no prefix caching, enforce eager, max-num-batched-tokens 512, VLLM_CPU_KVCACHE_SPACE=1 GiB):
+  * vllm          — vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), flags
+                    mirroring what Tetri's engine passes to vLLM (workers/engines/vllm/engine.py `_engine_args`);
+  * colocated     — Tetri's daemon (`--mode colocated`) and one vLLM worker doing both phases;
+  * disaggregated — Tetri's daemon, one prefill and one decode vLLM worker, KV handed over by
+                    ExampleConnector through a temporary store (emptied between patterns).
+Without --model a tiny random Llama (vocab 512) is written to a temporary directory.
+
+The probe: `--requests` requests, prompts of 16–400 random token ids (1..500), 8–48 output tokens, seeded;
+sent to /v1/completions as `"prompt": [ids]`, `max_tokens`, `temperature: 0`, `ignore_eos: true`,
+`stream: true` and `return_token_ids: true` (tokens are counted from the ids, the same way for every
+system; text is rendered as each server does). Arrival patterns: burst (all at t=0), poisson (`--rate`
+req/s), sequential (one after another). A few warm-up requests precede each pattern. The model name comes
+from GET /v1/models.
+
+Measured client-side from the SSE stream, one async httpx client and the same code for every system:
+TTFT (send → first chunk carrying a token), TPOT ((JCT − TTFT) / (tokens − 1)), JCT (send → end of
+stream). Prints mean and p99 of each (ms) per system × pattern, and the ratios Tetri colocated / vLLM and
+Tetri disaggregated / Tetri colocated, over the requests that succeeded (failures are counted and their
+errors listed). All systems share this machine's cores with the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from tetrictl.procs import spawn, stop_all, wait_ready
+
+DTYPE, BLOCK, MAX_LEN, BATCHED = "float32", 32, 1024, 512
+SYSTEMS = ("vllm", "colocated", "disaggregated")
+PATTERNS = ("burst", "poisson", "sequential")
+LABEL = {"vllm": "vLLM server", "colocated": "Tetri colocated", "disaggregated": "Tetri 1P+1D"}
+
+
+@dataclass
+class Result:
+    ttft: float  # seconds
+    jct: float
+    tokens: int
+    error: str | None = None  # a failed request (HTTP error, error event, short answer): not in the statistics
+
+    @property
+    def tpot(self) -> float:
+        return (self.jct - self.ttft) / (self.tokens - 1) if self.tokens > 1 else 0.0
+
+
+def probe(n: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = np.random.default_rng(seed)
+    return [
+        ([int(x) for x in rng.integers(1, 501, int(rng.integers(16, 401)))], int(rng.integers(8, 49))) for _ in range(n)
+    ]
+
+
+def arrivals(pattern: str, n: int, rate: float, seed: int) -> list[float] | None:
+    """Send times in seconds from the start (None: sequential)."""
+    if pattern == "burst":
+        return [0.0] * n
+    if pattern == "poisson":
+        return [float(t) for t in np.cumsum(np.random.default_rng(seed + 1).exponential(1.0 / rate, n))]
+    return None
+
+
+# --- the client ------------------------------------------------------------------------------------------
+async def model_name(client: httpx.AsyncClient) -> str:
+    r = await client.get("/v1/models")
+    r.raise_for_status()
+    return str(r.json()["data"][0]["id"])
+
+
+async def one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int) -> Result:
+    t0 = time.perf_counter()
+    try:
+        return await _one(client, model, prompt, max_tokens, t0)
+    except (RuntimeError, httpx.HTTPError) as e:
+        return Result(0.0, time.perf_counter() - t0, 0, f"{type(e).__name__}: {e}"[:300])
+
+
+async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int, t0: float) -> Result:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    ttft, tokens = None, 0
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            msg = json.loads(line[6:])
+            if "error" in msg:
+                raise RuntimeError(f"stream error: {msg['error']}")
+            n = sum(len(c.get("token_ids") or []) for c in msg.get("choices", []))
+            if n and ttft is None:
+                ttft = time.perf_counter() - t0
+            tokens += n
+    jct = time.perf_counter() - t0
+    if tokens != max_tokens or ttft is None:
+        raise RuntimeError(f"asked for {max_tokens} tokens, got {tokens}")
+    return Result(ttft, jct, tokens)
+
+
+async def run_pattern(url: str, reqs: list[tuple[list[int], int]], times: list[float] | None) -> list[Result]:
+    limits = httpx.Limits(max_connections=len(reqs) + 4, max_keepalive_connections=len(reqs) + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        model = await model_name(client)
+        for k in range(3):  # warm-up (distinct prompts); the pattern starts from an idle system
+            await one(client, model, [(37 * k + j) % 500 + 1 for j in range(70 + 100 * k)], 8)
+        if times is None:
+            return [await one(client, model, p, n) for p, n in reqs]
+        t0 = time.perf_counter()
+
+        async def at(t: float, p: list[int], n: int) -> Result:
+            await asyncio.sleep(max(0.0, t - (time.perf_counter() - t0)))
+            return await one(client, model, p, n)
+
+        return list(await asyncio.gather(*(at(t, p, n) for t, (p, n) in zip(times, reqs, strict=True))))
+
+
+# --- the systems ------------------------------------------------------------------------------------------
+def _wait_http(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited ({proc.returncode}); see {log}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"vLLM server not ready within {timeout:.0f} s; see {log}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def vllm_server(model: Path, root: Path) -> Iterator[str]:
+    port = _free_port()
+    args = [
+        "--model", str(model), "--served-model-name", "tiny",
+        "--dtype", DTYPE, "--block-size", str(BLOCK), "--max-model-len", str(MAX_LEN),
+        "--max-num-batched-tokens", str(BATCHED), "--enable-chunked-prefill", "--no-enable-prefix-caching",
+        "--enforce-eager", "--max-num-seqs", "64",  # Tetri's default max_num_seqs
+        "--host", "127.0.0.1", "--port", str(port),
+        "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",  # the daemon logs no access either
+    ]  # fmt: skip
+    if not any((model / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        args.append("--skip-tokenizer-init")  # token ids in, token ids out (Tetri's engine never tokenizes)
+    log = root / "vllm-server.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
+            stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(url, proc, log)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        with suppress(ProcessLookupError):  # the engine core process, if it outlived the server
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextmanager
+def tetri(mode: str, model: Path, root: Path, omp_bind: str | None = None) -> Iterator[str]:
+    state = Path(tempfile.mkdtemp(dir=root, prefix=f"{mode}-"))
+    log = (root / f"tetri-{mode}.log").open("w")
+    daemon_args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state), "--mode", mode]
+    daemon = spawn("daemon.main", daemon_args, stderr=log)
+    procs = [daemon]
+    try:
+        ready = wait_ready(daemon, "daemon")
+        roles = ["colocated"] if mode == "colocated" else ["prefill", "decode"]
+        common = ["--engine", "vllm", "--model", str(model), "--daemon", ready["grpc"], "--dtype", DTYPE]
+        common += ["--block-size", str(BLOCK), "--max-model-len", str(MAX_LEN), "--chunk-size", str(BATCHED)]
+        common += ["--kv-connector", "ExampleConnector", "--kv-store", str(root / "kv")]
+        binds = dict(zip(("prefill", "decode"), omp_bind.split("/"), strict=True)) if omp_bind else {}
+        for role in roles:
+            env = {"VLLM_CPU_OMP_THREADS_BIND": binds[role]} if role in binds else None
+            procs.append(spawn("workers.main", ["--role", role, *common], env, stderr=log))
+        for p, role in zip(procs[1:], roles, strict=True):
+            wait_ready(p, role, timeout=600)
+        yield ready["url"]
+    finally:
+        stop_all(procs, grace=30)
+        log.close()
+
+
+# --- report -------------------------------------------------------------------------------------------------
+def summary(rs: list[Result]) -> dict[str, float]:
+    ok = [r for r in rs if r.error is None]
+    out = {"failed": float(len(rs) - len(ok))}
+    for k in ("ttft", "tpot", "jct"):
+        xs = np.array([getattr(r, k) for r in ok] or [np.nan]) * 1000
+        out[f"{k}_mean"], out[f"{k}_p99"] = float(xs.mean()), float(np.percentile(xs, 99))
+    return out
+
+
+COLS = ("ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "jct_mean", "jct_p99")
+
+
+def report(results: dict[str, dict[str, list[Result]]], args: argparse.Namespace) -> None:
+    t = Table(
+        title=f"{args.requests} requests per pattern (poisson at {args.rate:g}/s), client-side, ms",
+        title_justify="left",
+    )
+    t.add_column("pattern")
+    t.add_column("system")
+    for c in COLS:
+        t.add_column(c.replace("_", " ").replace("ttft", "TTFT").replace("tpot", "TPOT").replace("jct", "JCT"),
+                     justify="right")  # fmt: skip
+    t.add_column("failed", justify="right")
+    for pattern in args.patterns:
+        stats = {s: summary(results[s][pattern]) for s in args.systems if pattern in results.get(s, {})}
+        for s, st in stats.items():
+            t.add_row(pattern, LABEL[s], *(f"{st[c]:.1f}" for c in COLS), f"{st['failed']:.0f}")
+        for a, b in (("colocated", "vllm"), ("disaggregated", "colocated")):
+            if a in stats and b in stats:
+                t.add_row(
+                    "", f"[i]{LABEL[a]} / {LABEL[b]}[/i]", *(f"[i]{stats[a][c] / stats[b][c]:.2f}×[/i]" for c in COLS)
+                )
+        t.add_section()
+    Console(width=150).print(t)
+    errors = {r.error for ps in results.values() for rs in ps.values() for r in rs if r.error}
+    for e in sorted(errors):
+        print(f"failed: {e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="model directory (default: a tiny Llama written here)")
+    ap.add_argument("--requests", type=int, default=50)
+    ap.add_argument("--rate", type=float, default=10.0, help="poisson arrivals, requests per second")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--patterns", default=",".join(PATTERNS))
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--json", type=Path, help="write the raw per-request numbers here")
+    ap.add_argument(
+        "--omp-bind",
+        metavar="P/D",
+        help="disaggregated: VLLM_CPU_OMP_THREADS_BIND of the prefill / decode engine, e.g. 1/0 on 2 cores "
+        "(default: vLLM's own binding, which puts both engines' threads on all cores)",
+    )
+    args = ap.parse_args()
+    args.patterns = [p for p in args.patterns.split(",") if p]
+    args.systems = [s for s in args.systems.split(",") if s]
+    for bad in set(args.patterns) - set(PATTERNS):
+        ap.error(f"unknown pattern {bad!r}")
+    for bad in set(args.systems) - set(SYSTEMS):
+        ap.error(f"unknown system {bad!r}")
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # Tetri workers' stdout is their ready line
+    root = Path(tempfile.mkdtemp(prefix="tetri-serving-bench-"))
+    model = args.model
+    if model is None:
+        model = root / "tiny-llama"
+        subprocess.run([sys.executable, "-m", "workers.engines.vllm.tinymodel", str(model)], check=True,
+                       capture_output=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    reqs = probe(args.requests, args.seed)
+    results: dict[str, dict[str, list[Result]]] = {}
+    ok = False
+    try:
+        for system in args.systems:
+            start = vllm_server(model, root) if system == "vllm" else tetri(system, model, root, args.omp_bind)
+            print(f"{LABEL[system]}: starting", file=sys.stderr, flush=True)
+            with start as url:
+                for pattern in args.patterns:
+                    for folder in (root / "kv").glob("*"):  # each pattern stores its KV afresh
+                        shutil.rmtree(folder, ignore_errors=True)
+                    times = arrivals(pattern, len(reqs), args.rate, args.seed)
+                    t0 = time.perf_counter()
+                    results.setdefault(system, {})[pattern] = asyncio.run(run_pattern(url, reqs, times))
+                    print(f"  {pattern}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        ok = True
+    finally:
+        if args.json:
+            raw = {
+                s: {p: [asdict(r) | {"tpot": r.tpot} for r in rs] for p, rs in ps.items()} for s, ps in results.items()
+            }
+            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": raw}))
+        if results:
+            report(results, args)
+        if ok:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"logs kept in {root}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
