@@ -44,7 +44,8 @@ def status(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = No
 
     def render(d: dict[str, Any]) -> None:
         roles = ", ".join(f"{r} {v['active']}/{v['total']} active" for r, v in sorted(d["instances"].items()))
-        out.print(f"[bold]{d['model'] or 'no model yet'}[/] · {d['mode']} · up {d['uptime_s']:.0f}s · {roles or 'no instances'}")
+        model = d["model"] or "no model yet"
+        out.print(f"[bold]{model}[/] · {d['mode']} · up {d['uptime_s']:.0f}s · {roles or 'no instances'}")
         byst = ", ".join(f"{k} {v:,}" for k, v in sorted(d["requests_by_status"].items())) or "none yet"
         out.print(f"in flight {d['inflight']:,}  ·  requests: {byst}")
         p = d["policies"]

@@ -110,9 +110,7 @@ def test_stop_strings_end_the_answer_before_them(client: openai.OpenAI) -> None:
             reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
             used = chunks[-1].usage.completion_tokens
         else:
-            r = client.chat.completions.create(
-                model="tiny", messages=CHAT, max_tokens=40, stop=stop, extra_body=NO_EOS
-            )
+            r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=40, stop=stop, extra_body=NO_EOS)
             got, reason, used = r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens
         assert (got, reason) == (want, "stop"), stream
         assert used < 40

@@ -116,7 +116,7 @@ def test_a_template_that_refuses_is_a_tokenizer_error(tmp_path: Path) -> None:
 def test_sources(tmp_path: Path) -> None:
     assert load_tokenizer("") is None
     assert isinstance(load_tokenizer(BUILTIN_BYTES), ByteTokenizer)
-    with pytest.raises(TokenizerError, match="no tokenizer.json"):
+    with pytest.raises(TokenizerError, match=r"no tokenizer\.json"):
         load_tokenizer(str(tmp_path))
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="cannot load"):
