@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
+from tetri.sampling import GREEDY, Sampling
 from tetri.scheduling.routing import least_loaded
 
 from .cluster import Cluster, Instance
@@ -29,7 +30,7 @@ from .db.writer import BatchWriter
 from .metrics import Metrics
 from .predictor_service import PROMPT_SAMPLE, PredictorService
 from .textstream import TextStream
-from .worker_client import GREEDY, Handoff, Sampling, TokenChunk, WorkerCallError, WorkerClient
+from .worker_client import Handoff, TokenChunk, WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
 

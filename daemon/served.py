@@ -27,8 +27,9 @@ class ServedModels:
     async def prepare(self, reg: Registration) -> str | None:
         """Load the registering model's tokenizer if it is new; why the registration is refused, or None."""
         async with self._lock:
-            if self._tokenizers.get(reg.model) is not None or (reg.model in self._sources and not reg.tokenizer):
-                if reg.tokenizer and reg.tokenizer != self._sources.get(reg.model):
+            known = reg.model in self._sources
+            if known and (self._tokenizers[reg.model] is not None or not reg.tokenizer):  # keep the first one
+                if reg.tokenizer and reg.tokenizer != self._sources[reg.model]:
                     log.info("model %s: keeping the tokenizer from %s", reg.model, self._sources[reg.model])
                 return None
             try:

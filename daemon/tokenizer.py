@@ -102,7 +102,7 @@ class HfTokenizer:
             self._tok = RawTokenizer.from_file(str(root / "tokenizer.json"))
             config = _json(root / "tokenizer_config.json")
             generation = _json(root / "generation_config.json")
-        except (OSError, ValueError, Exception) as e:  # tokenizers raises its own Exception type
+        except Exception as e:  # OSError, bad JSON, or tokenizers' own Exception type
             raise TokenizerError(f"cannot load the tokenizer in {directory}: {e}") from None
         self.vocab_size = self._tok.get_vocab_size()
         self.special: dict[str, str] = {}

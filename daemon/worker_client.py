@@ -16,6 +16,7 @@ import grpc
 from tetri.proto import pb
 from tetri.proto.peers import Peers
 from tetri.proto.security import NO_TLS, Tls
+from tetri.sampling import GREEDY, Sampling
 
 from .cluster import LoadReport
 from .grpc_edge import load_from_pb
@@ -29,34 +30,17 @@ class WorkerCallError(Exception):
         self.code = code
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How the engine picks tokens (vLLM's SamplingParams), resolved by the API from the request and the
-    model's defaults."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def to_pb(self) -> pb.Sampling:
-        return pb.Sampling(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos,
-        )
-
-
-GREEDY = Sampling()
+def sampling_to_pb(s: Sampling) -> pb.Sampling:
+    return pb.Sampling(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        seed=s.seed,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        stop_token_ids=s.stop_token_ids,
+        ignore_eos=s.ignore_eos,
+    )
 
 
 @dataclass(frozen=True)
@@ -144,7 +128,7 @@ class WorkerClient:
             predicted_hi=hi,
             decode_instance_id=decode_instance_id,
             resumed_tokens=resumed_tokens,
-            sampling=sampling.to_pb(),
+            sampling=sampling_to_pb(sampling),
         )
         return self._stream(self._peers.worker(address).Generate(req, metadata=self._peers.metadata))
 

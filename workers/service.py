@@ -18,13 +18,14 @@ import grpc
 
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
+from tetri.sampling import GREEDY, Sampling
 from tetri.scheduling.dispatch import DecodeLoad, dispatch
 from tetri.scheduling.flip import flip_refusal
 from tetri.scheduling.instance import HEAVY_DECODE
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import LengthPredictor, make_predictor
 
-from .engines.base import GREEDY, Engine, EngineError, EngineRequest, KVHandle, Sampling
+from .engines.base import Engine, EngineError, EngineRequest, KVHandle
 
 log = logging.getLogger(__name__)
 _DONE = object()

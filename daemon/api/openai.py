@@ -15,12 +15,13 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tetri.sampling import Sampling
+
 from ..db.models import Status
 from ..gateway import Failed, Finished, Gateway, Tokens, new_request_id
 from ..served import ServedModels
 from ..textstream import TextStream
 from ..tokenizer import Tokenizer, TokenizerError, render
-from ..worker_client import Sampling
 from .auth import require_api_key
 from .schemas import (
     INT32_MAX,
@@ -248,42 +249,32 @@ async def _collect(job: _Job) -> tuple[str, list[int], str] | Failed:
 @router.post("/v1/completions", response_model=None, responses=CODES)
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     job = await _admit(request, body, lambda tok: _completion_ids(body, tok), body.max_tokens, "cmpl-")
-    if isinstance(job, JSONResponse):
-        return job
-    if body.stream:
-        return StreamingResponse(_sse(job, chat=False), media_type="text/event-stream")
-    got = await _collect(job)
-    if isinstance(got, Failed):
-        return _failure(got)
-    text, toks, reason = got
-    ids = toks if job.with_ids else None
-    return JSONResponse(
-        completion_chunk(job.rid, job.created, job.model, text, reason, usage(job.prompt_tokens, len(toks)), ids)
-    )
+    return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, chat=False)
 
 
 @router.post("/v1/chat/completions", response_model=None, responses=CODES)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     job = await _admit(request, body, lambda tok: _chat_ids(body, tok), max_tokens, "chatcmpl-")
-    if isinstance(job, JSONResponse):
-        return job
-    if body.stream:
-        return StreamingResponse(_sse(job, chat=True), media_type="text/event-stream")
+    return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, chat=True)
+
+
+async def _respond(job: _Job, stream: bool, chat: bool) -> JSONResponse | StreamingResponse:
+    """The answer to an admitted request: an SSE stream, or the whole completion (or its failure)."""
+    if stream:
+        return StreamingResponse(_sse(job, chat), media_type="text/event-stream")
     got = await _collect(job)
     if isinstance(got, Failed):
-        return _failure(got)
+        status = 503 if got.status == Status.INTERRUPTED else 502
+        return openai_error(status, got.message, "APIError", None, _failure_code(got))
     text, toks, reason = got
     ids = toks if job.with_ids else None
-    return JSONResponse(
-        chat_completion(job.rid, job.created, job.model, text, reason, usage(job.prompt_tokens, len(toks)), ids)
-    )
+    whole = chat_completion if chat else completion_chunk
+    return JSONResponse(whole(job.rid, job.created, job.model, text, reason, usage(job.prompt_tokens, len(toks)), ids))
 
 
-def _failure(ev: Failed) -> JSONResponse:
-    interrupted = ev.status == Status.INTERRUPTED
-    code = "daemon_shutdown" if interrupted else "worker_failed"
-    return openai_error(503 if interrupted else 502, ev.message, "APIError", None, code)
+def _failure_code(ev: Failed) -> str:
+    return "daemon_shutdown" if ev.status == Status.INTERRUPTED else "worker_failed"
 
 
 def _frame(job: _Job, chat: bool, ev: Tokens | Finished) -> dict[str, Any] | None:
@@ -321,8 +312,7 @@ async def _sse(job: _Job, chat: bool) -> AsyncIterator[bytes]:
     n = 0
     async for ev in job.events:
         if isinstance(ev, Failed):
-            code = "daemon_shutdown" if ev.status == Status.INTERRUPTED else "worker_failed"
-            yield _data(error_body(ev.message, "APIError", None, code))
+            yield _data(error_body(ev.message, "APIError", None, _failure_code(ev)))
             break
         if isinstance(ev, Tokens):
             n += len(ev.ids)

@@ -20,27 +20,11 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from tetri.sampling import GREEDY, Sampling
+
 
 class EngineError(RuntimeError):
     """A request the engine cannot serve (too long, aborted, KV lost)."""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How to pick tokens (vLLM's SamplingParams; the sim engine's tokens ignore it). The default is greedy
-    with no stop token."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    stop_token_ids: tuple[int, ...] = ()  # the request ends after any of these (counted, like vLLM)
-    ignore_eos: bool = False
-
-
-GREEDY = Sampling()
 
 
 @dataclass(frozen=True)
