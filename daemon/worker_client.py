@@ -1,19 +1,25 @@
-"""The daemon's gRPC edge, worker side: the calls the daemon makes to workers (Generate, Attach, Cancel,
-Flip, SetPlan, Info) over cached channels, with their answers as plain data. A failed call raises
-`WorkerCallError` naming the gRPC status, so the rest of the daemon never sees gRPC or protobuf.
+"""The daemon's gRPC edge, worker side: the calls the daemon makes to workers (Generate and Attach over
+each worker's one Serve stream; Cancel, Flip, SetPlan, Info) over cached channels, with their answers as
+plain data. A failed call raises `WorkerCallError` naming the gRPC status, so the rest of the daemon never
+sees gRPC or protobuf.
 
 A token stream (`generate`, `attach`) is an async generator: closing it (or leaving it early and letting
-it be collected) cancels the call on the worker.
+it be collected) cancels the call on the worker. Every token stream to one worker is a call multiplexed
+on one long-lived `Serve` stream (`_Serving`): a request costs one message each way, not a gRPC call, and
+one message carries the chunks of every request the worker had ready (docs/cluster.md, "The Serve
+stream"). The stream breaking ends each call on it with `WorkerCallError`; the next call opens another.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
-from tetri.proto import pb
+from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
 from tetri.proto.security import NO_TLS, Tls
 from tetri.sampling import GREEDY, Sampling
@@ -91,20 +97,91 @@ def _error(e: grpc.aio.AioRpcError) -> WorkerCallError:
     return WorkerCallError(e.code().name, e.details() or "")
 
 
+class _Serving:
+    """One worker's Serve stream: calls numbered on it, each with a queue its chunks are sorted into."""
+
+    def __init__(self, stub: rpc.WorkerStub, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._up: asyncio.Queue[pb.ServeUp | None] = asyncio.Queue()
+        self.calls: dict[int, asyncio.Queue[TokenChunk | WorkerCallError]] = {}
+        self.broken: WorkerCallError | None = None
+        self._next = 0
+        self._call = stub.Serve(self._ups(), metadata=metadata)
+        self._reader = asyncio.create_task(self._read(), name="tetri-serve-reader")
+
+    async def _ups(self) -> AsyncIterator[pb.ServeUp]:
+        while (msg := await self._up.get()) is not None:
+            yield msg
+
+    async def _read(self) -> None:
+        err = WorkerCallError("UNAVAILABLE", "the worker ended its Serve stream")
+        try:
+            async for down in self._call:
+                for c in down.chunks:
+                    queue = self.calls.get(c.call)
+                    if queue is not None:  # a call the daemon left meanwhile: dropped
+                        queue.put_nowait(_chunk(c))
+        except grpc.aio.AioRpcError as e:
+            err = _error(e)
+        except asyncio.CancelledError:
+            err = WorkerCallError("CANCELLED", "the daemon closed the stream")
+            raise
+        finally:
+            self.broken = err
+            for queue in self.calls.values():
+                queue.put_nowait(err)
+
+    def open(
+        self, **op: pb.GenerateRequest | pb.AttachRequest
+    ) -> tuple[int, asyncio.Queue[TokenChunk | WorkerCallError]]:
+        self._next += 1
+        queue: asyncio.Queue[TokenChunk | WorkerCallError] = asyncio.Queue()
+        self.calls[self._next] = queue
+        self._up.put_nowait(pb.ServeUp(call=self._next, **op))
+        return self._next, queue
+
+    def leave(self, call: int, finished: bool) -> None:
+        self.calls.pop(call, None)
+        if not finished and self.broken is None:
+            self._up.put_nowait(pb.ServeUp(call=call, close=True))
+
+    async def close(self) -> None:
+        self._up.put_nowait(None)
+        self._call.cancel()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
 class WorkerClient:
     """Calls to workers; each carries the cluster token (and runs over TLS when configured)."""
 
     def __init__(self, token: str | None = None, tls: Tls = NO_TLS) -> None:
         self._peers = Peers(token, tls)
+        self._serving: dict[str, _Serving] = {}
 
-    async def _stream(self, call: grpc.aio.UnaryStreamCall) -> AsyncGenerator[TokenChunk, None]:
+    def _serve(self, address: str) -> _Serving:
+        s = self._serving.get(address)
+        if s is None or s.broken is not None:
+            s = self._serving[address] = _Serving(self._peers.worker(address), self._peers.metadata)
+        return s
+
+    async def _stream(
+        self, address: str, **op: pb.GenerateRequest | pb.AttachRequest
+    ) -> AsyncGenerator[TokenChunk, None]:
+        serving = self._serve(address)
+        call, queue = serving.open(**op)
+        finished = False
         try:
-            async for c in call:
-                yield _chunk(c)
-        except grpc.aio.AioRpcError as e:
-            raise _error(e) from None
+            while True:
+                item = await queue.get()
+                if isinstance(item, WorkerCallError):
+                    raise item
+                finished = item.finished or item.handoff is not None
+                yield item
+                if finished:
+                    return
         finally:
-            call.cancel()
+            serving.leave(call, finished)
 
     def generate(
         self,
@@ -130,12 +207,10 @@ class WorkerClient:
             resumed_tokens=resumed_tokens,
             sampling=sampling_to_pb(sampling),
         )
-        return self._stream(self._peers.worker(address).Generate(req, metadata=self._peers.metadata))
+        return self._stream(address, generate=req)
 
     def attach(self, address: str, request_id: str) -> AsyncGenerator[TokenChunk, None]:
-        return self._stream(
-            self._peers.worker(address).Attach(pb.AttachRequest(request_id=request_id), metadata=self._peers.metadata)
-        )
+        return self._stream(address, attach=pb.AttachRequest(request_id=request_id))
 
     async def cancel(self, address: str, request_id: str, timeout: float) -> bool:
         """Abort the request on that worker; True if the worker had it."""
@@ -173,4 +248,7 @@ class WorkerClient:
         return WorkerInfo(r.instance_id, r.role, r.model, r.max_model_len, load_from_pb(r.load))
 
     async def close(self) -> None:
+        for serving in self._serving.values():
+            await serving.close()
+        self._serving.clear()
         await self._peers.close()

@@ -191,7 +191,7 @@ class WorkerService(rpc.WorkerServicer):
         self.jobs: dict[str, _DecodeJob] = {}  # decode: accepted requests
         self.generating: dict[str, asyncio.Queue[object]] = {}  # colocated: streams in progress
         self.handing_over: dict[str, grpc.aio.UnaryUnaryCall[pb.AcceptRequest, pb.AcceptReply]] = {}  # prefill
-        self.prefilling = 0  # prefill: Generate calls in progress
+        self.prefilling = 0  # prefill: generate calls in progress
         self.state = "active"
         self.policies = PolicySet()
         self.policy_version = 0
@@ -226,9 +226,73 @@ class WorkerService(rpc.WorkerServicer):
         sampling = _sampling(r)
         return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens, pred, r.resumed_tokens, sampling)
 
-    async def Generate(
-        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.TokenChunk]:
+    # --- the daemon's Serve stream ---------------------------------------------------------------------
+    async def Serve(
+        self, request_iterator: AsyncIterator[pb.ServeUp], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ServeDown]:
+        """Every call the daemon makes on this worker, multiplexed: each `generate`/`attach` runs as its
+        own task, whose chunks (tagged with the call) go out coalesced, one message for all chunks ready;
+        `close` cancels a call (as a client leaving a stream would); the stream ending cancels them all."""
+        out: asyncio.Queue[pb.TokenChunk | None] = asyncio.Queue()
+        calls: dict[int, asyncio.Task[None]] = {}
+
+        async def run(call: int, chunks: AsyncIterator[pb.TokenChunk], rid: str) -> None:
+            try:
+                async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                    async for chunk in chunks:
+                        chunk.call = call
+                        out.put_nowait(chunk)
+            except Exception as e:  # a fault in this call ends it alone, with the reason
+                log.exception("call %d (request %s) failed", call, rid)
+                chunk = _error_chunk(rid, f"worker {self.instance_id}: {type(e).__name__}: {e}")
+                chunk.call = call
+                out.put_nowait(chunk)
+            finally:
+                calls.pop(call, None)
+
+        async def read() -> None:
+            try:
+                async for up in request_iterator:
+                    op = up.WhichOneof("op")
+                    if op == "generate":
+                        chunks = self.generate(up.generate)
+                        rid = up.generate.request_id
+                    elif op == "attach":
+                        chunks, rid = self.attach(up.attach), up.attach.request_id
+                    else:
+                        task = calls.get(up.call)
+                        if task is not None:
+                            task.cancel()
+                        continue
+                    calls[up.call] = asyncio.create_task(run(up.call, chunks, rid))
+            finally:
+                out.put_nowait(None)  # the daemon closed the stream
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                first = await out.get()
+                if first is None:
+                    return
+                batch, end = [first], False
+                while not out.empty():
+                    item = out.get_nowait()
+                    if item is None:
+                        end = True
+                        break
+                    batch.append(item)
+                yield pb.ServeDown(chunks=batch)
+                if end:
+                    return
+        finally:
+            reader.cancel()
+            running = list(calls.values())
+            for task in running:
+                task.cancel()
+            await asyncio.gather(reader, *running, return_exceptions=True)
+
+    async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.TokenChunk]:
+        """A Generate call: colocated, every token; prefill, the first token then the hand-off chunk."""
         req = self._req(request)
         if self.state != "active":
             yield _refused_chunk(req.request_id, f"instance {self.instance_id} is {self.state}")
@@ -405,9 +469,8 @@ class WorkerService(rpc.WorkerServicer):
             job.produced += 1
             yield tok
 
-    async def Attach(
-        self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.TokenChunk]:
+    async def attach(self, request: pb.AttachRequest) -> AsyncIterator[pb.TokenChunk]:
+        """An Attach call (decode): the tokens after the first, buffered since Accept."""
         rid = request.request_id
         job = self.jobs.get(rid)
         if job is None:

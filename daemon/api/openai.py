@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from tetri.sampling import Sampling
 
@@ -37,6 +37,7 @@ from .schemas import (
     errors,
     usage,
 )
+from .sse import EventStream
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 CODES = errors(400, 401, 404, 409, 413, 502, 503)
@@ -247,22 +248,22 @@ async def _collect(job: _Job) -> tuple[str, list[int], str] | Failed:
 
 
 @router.post("/v1/completions", response_model=None, responses=CODES)
-async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+async def completions(body: CompletionRequest, request: Request) -> JSONResponse | EventStream:
     job = await _admit(request, body, lambda tok: _completion_ids(body, tok), body.max_tokens, "cmpl-")
     return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, chat=False)
 
 
 @router.post("/v1/chat/completions", response_model=None, responses=CODES)
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | EventStream:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     job = await _admit(request, body, lambda tok: _chat_ids(body, tok), max_tokens, "chatcmpl-")
     return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, chat=True)
 
 
-async def _respond(job: _Job, stream: bool, chat: bool) -> JSONResponse | StreamingResponse:
+async def _respond(job: _Job, stream: bool, chat: bool) -> JSONResponse | EventStream:
     """The answer to an admitted request: an SSE stream, or the whole completion (or its failure)."""
     if stream:
-        return StreamingResponse(_sse(job, chat), media_type="text/event-stream")
+        return EventStream(_sse(job, chat))
     got = await _collect(job)
     if isinstance(got, Failed):
         status = 503 if got.status == Status.INTERRUPTED else 502
@@ -306,7 +307,7 @@ def _data(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _sse(job: _Job, chat: bool) -> AsyncIterator[bytes]:
+async def _sse(job: _Job, chat: bool) -> AsyncGenerator[bytes, None]:
     if chat:  # the first chunk names the role, as OpenAI's and vLLM's do
         yield _data(chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None))
     n = 0

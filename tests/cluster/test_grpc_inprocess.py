@@ -122,8 +122,57 @@ def _accept(rid: str, prompt: list[int], max_tokens: int, first_token: int = 7) 
     )
 
 
-async def _collect(call: grpc.aio.UnaryStreamCall) -> list[pb.TokenChunk]:
-    return [chunk async for chunk in call]
+class _Call:
+    """One Generate or Attach call on a Serve stream of its own, driven at the wire as the daemon does."""
+
+    def __init__(
+        self, stub: rpc.WorkerStub, metadata: tuple[tuple[str, str], ...] = (), **op: pb.GenerateRequest | pb.AttachRequest
+    ) -> None:
+        self._up: asyncio.Queue[pb.ServeUp | None] = asyncio.Queue()
+        self._up.put_nowait(pb.ServeUp(call=1, **op))  # type: ignore[arg-type]
+        self._stream = stub.Serve(self._ups(), metadata=metadata)
+        self._ready: list[pb.TokenChunk] = []
+        self.done = False
+
+    async def _ups(self) -> AsyncIterator[pb.ServeUp]:
+        while (msg := await self._up.get()) is not None:
+            yield msg
+
+    async def read(self) -> pb.TokenChunk:
+        """The call's next chunk; after its last (finished, or the hand-off), the stream is closed."""
+        while not self._ready:
+            down = await self._stream.read()
+            assert down is not grpc.aio.EOF, "the Serve stream ended before the call did"
+            assert all(c.call == 1 for c in down.chunks)
+            self._ready.extend(down.chunks)
+        chunk = self._ready.pop(0)
+        if chunk.finished or chunk.HasField("handoff"):
+            self.done = True
+            self._up.put_nowait(None)
+            self._stream.cancel()
+        return chunk
+
+    def cancel(self) -> None:
+        """Leave the call early (the worker stops it) and close the stream."""
+        if not self.done:
+            self._up.put_nowait(pb.ServeUp(call=1, close=True))
+            self._up.put_nowait(None)
+            self.done = True
+
+
+def _generate(stub: rpc.WorkerStub, request: pb.GenerateRequest) -> _Call:
+    return _Call(stub, generate=request)
+
+
+def _attach(stub: rpc.WorkerStub, rid: str) -> _Call:
+    return _Call(stub, attach=pb.AttachRequest(request_id=rid))
+
+
+async def _collect(call: _Call) -> list[pb.TokenChunk]:
+    chunks = [await call.read()]
+    while not call.done:
+        chunks.append(await call.read())
+    return chunks
 
 
 def _tokens(chunks: list[pb.TokenChunk]) -> list[int]:
@@ -402,7 +451,7 @@ def test_prefill_decode_handoff_matches_colocated() -> None:
             prompt = _prompt(40)
             max_tokens = 24
 
-            chunks = await _collect(p1.stub.Generate(_gen("r1", prompt, max_tokens)))
+            chunks = await _collect(_generate(p1.stub, _gen("r1", prompt, max_tokens)))
             assert len(chunks) == 2, chunks
             first, last = chunks
             assert len(first.token_ids) == 1
@@ -416,7 +465,7 @@ def test_prefill_decode_handoff_matches_colocated() -> None:
             assert p1.engine.usage().kv_used_tokens == 0  # the prefill KV was released after the hand-over
             assert "r1" in d1.service.jobs
 
-            rest = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="r1")))
+            rest = await _collect(_attach(d1.stub, "r1"))
             assert rest[-1].finished
             assert rest[-1].finish_reason == "length"
             assert all(not c.finished for c in rest[:-1])
@@ -426,7 +475,7 @@ def test_prefill_decode_handoff_matches_colocated() -> None:
             assert d1.service.jobs == {}
             assert d1.engine.usage().kv_used_tokens == 0
 
-            colo = await _collect(c1.stub.Generate(_gen("r1", prompt, max_tokens)))
+            colo = await _collect(_generate(c1.stub, _gen("r1", prompt, max_tokens)))
             assert colo[-1].finished
             assert colo[-1].finish_reason == "length"
             assert not any(c.HasField("handoff") for c in colo)
@@ -486,6 +535,47 @@ def test_worker_client_answers_in_plain_data() -> None:
     _run(scenario)
 
 
+def test_calls_multiplex_on_one_serve_stream() -> None:
+    """Every call the daemon makes to one worker rides that worker's one Serve stream: concurrent calls
+    each get their own tokens, leaving one early stops only that one on the worker, and the stream
+    breaking (the worker gone) ends every call still on it with a WorkerCallError."""
+
+    async def scenario() -> None:
+        client = WorkerClient()
+        try:
+            async with _worker("colocated", "c1", scale=1.0) as c1:
+                prompts = {f"m{i}": _prompt(10 + i, seed=i) for i in range(8)}
+
+                async def run(rid: str, n: int) -> list[int]:
+                    return [t async for c in client.generate(c1.address, rid, prompts[rid], n) for t in c.token_ids]
+
+                left = client.generate(c1.address, "left", _prompt(12), 2000)
+                assert (await left.__anext__()).token_ids
+                outs = await asyncio.gather(*(run(rid, 6 + i) for i, rid in enumerate(prompts)))
+                for i, (rid, prompt) in enumerate(prompts.items()):
+                    assert outs[i] == [sim_token(prompt, j, VOCAB) for j in range(6 + i)]
+                await left.aclose()
+                for _ in range(200):
+                    if not c1.service.generating:
+                        break
+                    await asyncio.sleep(0.01)
+                assert c1.service.generating == {} and c1.engine.usage().running == 0
+                assert len(client._serving) == 1  # one stream carried them all
+
+                open_call = client.generate(c1.address, "open", _prompt(12), 2000)
+                assert (await open_call.__anext__()).token_ids
+            with pytest.raises(WorkerCallError):  # the worker stopped under the open call
+                async for _ in open_call:
+                    pass
+            with pytest.raises(WorkerCallError) as exc:  # and nothing listens there any more
+                _ = [c async for c in client.generate(c1.address, "after", _prompt(12), 4)]
+            assert exc.value.code == "UNAVAILABLE"
+        finally:
+            await client.close()
+
+    _run(scenario)
+
+
 def test_concurrent_handoffs_spread_over_decode_instances() -> None:
     async def scenario() -> None:
         async with (
@@ -498,10 +588,10 @@ def test_concurrent_handoffs_spread_over_decode_instances() -> None:
 
             async def one(i: int) -> tuple[str, list[int], list[int]]:
                 prompt = _prompt(16 + i, seed=i)
-                chunks = await _collect(p1.stub.Generate(_gen(f"q{i}", prompt, 12)))
+                chunks = await _collect(_generate(p1.stub, _gen(f"q{i}", prompt, 12)))
                 handoff = chunks[-1].handoff
                 rest = await _collect(
-                    decodes[handoff.decode_instance_id].stub.Attach(pb.AttachRequest(request_id=f"q{i}"))
+                    _attach(decodes[handoff.decode_instance_id].stub, f"q{i}")
                 )
                 assert rest[-1].finish_reason == "length"
                 return handoff.decode_instance_id, _tokens(chunks) + _tokens(rest), prompt
@@ -513,9 +603,9 @@ def test_concurrent_handoffs_spread_over_decode_instances() -> None:
             for _, toks, prompt in results:
                 assert toks == [sim_token(prompt, j, VOCAB) for j in range(12)]
 
-            pinned = await _collect(p1.stub.Generate(_gen("pin", _prompt(10), 4, decode_instance_id="d2")))
+            pinned = await _collect(_generate(p1.stub, _gen("pin", _prompt(10), 4, decode_instance_id="d2")))
             assert pinned[-1].handoff.decode_instance_id == "d2"
-            rest = await _collect(d2.stub.Attach(pb.AttachRequest(request_id="pin")))
+            rest = await _collect(_attach(d2.stub, "pin"))
             assert len(_tokens(pinned) + _tokens(rest)) == 4
 
     _run(scenario)
@@ -539,9 +629,9 @@ def test_prefill_holds_the_kv_until_the_decode_instance_pulls_it() -> None:
 
             async def one(i: int) -> list[int]:
                 prompt = _prompt(1000, seed=i)
-                chunks = await _collect(p1.stub.Generate(_gen(f"h{i}", prompt, 300)))
+                chunks = await _collect(_generate(p1.stub, _gen(f"h{i}", prompt, 300)))
                 assert chunks[-1].handoff.decode_instance_id == "d1", chunks[-1]
-                rest = await _collect(d1.stub.Attach(pb.AttachRequest(request_id=f"h{i}")))
+                rest = await _collect(_attach(d1.stub, f"h{i}"))
                 assert rest[-1].finish_reason == "length"
                 toks = _tokens(chunks) + _tokens(rest)
                 assert toks == [sim_token(prompt, j, VOCAB) for j in range(300)]
@@ -567,7 +657,7 @@ def test_cancel_while_the_decode_instance_has_not_pulled_the_kv() -> None:
             p1.service.decode_view.update(decode_loads(_broadcast(d1)))
             for i in range(4):
                 assert (await d1.stub.Accept(_accept(f"big{i}", _prompt(1000, seed=i), 300))).accepted
-            call = p1.stub.Generate(_gen("x", _prompt(1000, seed=9), 50))
+            call = _generate(p1.stub, _gen("x", _prompt(1000, seed=9), 50))
             assert len((await call.read()).token_ids) == 1  # the first token
             while "x" not in d1.engine.sched:
                 await asyncio.sleep(0.005)
@@ -597,7 +687,7 @@ def test_prefill_max_tokens_one_finishes_without_handoff() -> None:
         async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
             p1.service.decode_view.update(decode_loads(_broadcast(d1)))
             prompt = _prompt(30)
-            chunks = await _collect(p1.stub.Generate(_gen("one", prompt, 1)))
+            chunks = await _collect(_generate(p1.stub, _gen("one", prompt, 1)))
             assert len(chunks) == 1
             (only,) = chunks
             assert only.finished
@@ -613,14 +703,14 @@ def test_prefill_max_tokens_one_finishes_without_handoff() -> None:
 def test_pinned_decode_instance_waits_for_the_next_broadcast() -> None:
     async def scenario() -> None:
         async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
-            call = p1.stub.Generate(_gen("late", _prompt(20), 5, decode_instance_id="d1"))
+            call = _generate(p1.stub, _gen("late", _prompt(20), 5, decode_instance_id="d1"))
             first = await call.read()
             assert len(first.token_ids) == 1
             p1.service.decode_view.update(decode_loads(_broadcast(d1)))  # the view catches up with registration
             last = await call.read()
             assert last.handoff.decode_instance_id == "d1"
-            assert await call.read() is grpc.aio.EOF
-            rest = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="late")))
+            assert call.done  # the hand-off chunk is the call's last
+            rest = await _collect(_attach(d1.stub, "late"))
             assert len(first.token_ids) + len(_tokens(rest)) == 5
 
     _run(scenario)
@@ -631,7 +721,7 @@ def test_prefill_without_a_decode_instance_fails_cleanly() -> None:
         async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1:
             p1.service.decode_view.update(decode_loads(_broadcast(d1, state="unhealthy")))
             assert p1.service.decode_view.instances == {}  # non-active instances are not candidates
-            chunks = await _collect(p1.stub.Generate(_gen("lonely", _prompt(20), 5)))
+            chunks = await _collect(_generate(p1.stub, _gen("lonely", _prompt(20), 5)))
             assert len(chunks[0].token_ids) == 1
             assert chunks[-1].finished
             assert chunks[-1].finish_reason == "error"
@@ -646,7 +736,7 @@ def test_handoff_refused_or_unreachable_is_an_error() -> None:
         async with _worker("prefill", "p1") as p1, _worker("colocated", "c1") as c1:
             # The view names an instance that is not a decode instance: Accept refuses.
             p1.service.decode_view.update(decode_loads(_broadcast(c1)))
-            chunks = await _collect(p1.stub.Generate(_gen("refused", _prompt(20), 5)))
+            chunks = await _collect(_generate(p1.stub, _gen("refused", _prompt(20), 5)))
             assert chunks[-1].finish_reason == "error"
             assert "colocated" in chunks[-1].error
             assert p1.engine.usage().kv_used_tokens == 0
@@ -658,7 +748,7 @@ def test_handoff_refused_or_unreachable_is_an_error() -> None:
                 load=pb.LoadReport(instance_id="gone", role="decode", state="active", kv_capacity_tokens=4096),
             )
             p1.service.decode_view.update(decode_loads(pb.DecodeLoadBroadcast(instances=[gone])))
-            chunks = await _collect(p1.stub.Generate(_gen("unreachable", _prompt(20), 5)))
+            chunks = await _collect(_generate(p1.stub, _gen("unreachable", _prompt(20), 5)))
             assert chunks[-1].finish_reason == "error"
             assert "gone" in chunks[-1].error
             assert "unreachable" in chunks[-1].error
@@ -678,12 +768,12 @@ def test_role_checks_accept_generate_info() -> None:
 
             # Generate on an instance that will not start it: "refused" (nothing done, the daemon tries
             # another entry instance), as when an instance began draining after the daemon chose it.
-            chunks = await _collect(d1.stub.Generate(_gen("g", _prompt(8), 4)))
+            chunks = await _collect(_generate(d1.stub, _gen("g", _prompt(8), 4)))
             assert len(chunks) == 1
             assert chunks[0].finish_reason == "refused"
             assert "decode" in chunks[0].error
             p1.service.state = "draining"
-            chunks = await _collect(p1.stub.Generate(_gen("g", _prompt(8), 4)))
+            chunks = await _collect(_generate(p1.stub, _gen("g", _prompt(8), 4)))
             assert [(c.finish_reason, "draining" in c.error) for c in chunks] == [("refused", True)]
             p1.service.state = "active"
 
@@ -712,7 +802,7 @@ def test_role_checks_accept_generate_info() -> None:
 def test_attach_unknown_request_is_an_error() -> None:
     async def scenario() -> None:
         async with _worker("decode", "d1") as d1:
-            chunks = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="nobody")))
+            chunks = await _collect(_attach(d1.stub, "nobody"))
             assert len(chunks) == 1
             assert chunks[0].finished
             assert chunks[0].finish_reason == "error"
@@ -730,7 +820,7 @@ def test_decode_attach_replays_buffered_tokens() -> None:
             assert (await d1.stub.Accept(_accept("buf", prompt, 20, first_token=sim_token(prompt, 0, VOCAB)))).accepted
             while d1.service.jobs["buf"].task is not None and not d1.service.jobs["buf"].task.done():
                 await asyncio.sleep(0.005)
-            chunks = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="buf")))
+            chunks = await _collect(_attach(d1.stub, "buf"))
             assert _tokens(chunks) == [sim_token(prompt, i, VOCAB) for i in range(1, 20)]
             assert chunks[-1].finish_reason == "length"
 
@@ -744,13 +834,13 @@ def test_cancel_inflight_colocated_generate_ends_the_stream() -> None:
     async def scenario() -> None:
         async with _worker("colocated", "c1") as c1:
             max_tokens = 2000
-            call = c1.stub.Generate(_gen("long", _prompt(10), max_tokens))
+            call = _generate(c1.stub, _gen("long", _prompt(10), max_tokens))
             first = await call.read()
             assert first.token_ids
             await c1.stub.Cancel(pb.CancelRequest(request_id="long"))
             chunks = [first]
-            while (chunk := await call.read()) is not grpc.aio.EOF:
-                chunks.append(chunk)
+            while not call.done:
+                chunks.append(await call.read())
             assert chunks[-1].finished
             assert chunks[-1].finish_reason in ("abort", "stop")
             assert len(_tokens(chunks)) < max_tokens
@@ -763,13 +853,12 @@ def test_cancel_inflight_colocated_generate_ends_the_stream() -> None:
 def test_cancelled_colocated_generate_reports_abort() -> None:
     async def scenario() -> None:
         async with _worker("colocated", "c1") as c1:
-            call = c1.stub.Generate(_gen("long", _prompt(10), 2000))
+            call = _generate(c1.stub, _gen("long", _prompt(10), 2000))
             await call.read()
             await c1.stub.Cancel(pb.CancelRequest(request_id="long"))
-            last = None
-            while (chunk := await call.read()) is not grpc.aio.EOF:
-                last = chunk
-            assert last is not None
+            last = await call.read()
+            while not call.done:
+                last = await call.read()
             assert last.finish_reason == "abort"
 
     _run(scenario)
@@ -784,18 +873,18 @@ def test_cancel_decode_jobs_found_and_not_found() -> None:
             assert (await d1.stub.Accept(_accept("idle", _prompt(16), 500))).accepted
             assert (await d1.stub.Cancel(pb.CancelRequest(request_id="idle"))).found
             assert not (await d1.stub.Cancel(pb.CancelRequest(request_id="idle"))).found
-            late = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="idle")))
+            late = await _collect(_attach(d1.stub, "idle"))
             assert late[-1].finish_reason == "error"
 
             # Attached and decoding: the Attach stream ends with "abort".
             max_tokens = 1500
             assert (await d1.stub.Accept(_accept("busy", _prompt(16, seed=2), max_tokens))).accepted
-            call = d1.stub.Attach(pb.AttachRequest(request_id="busy"))
+            call = _attach(d1.stub, "busy")
             chunks = [await call.read()]
             assert chunks[0].token_ids
             assert (await d1.stub.Cancel(pb.CancelRequest(request_id="busy"))).found
-            while (chunk := await call.read()) is not grpc.aio.EOF:
-                chunks.append(chunk)
+            while not call.done:
+                chunks.append(await call.read())
             assert chunks[-1].finished
             assert chunks[-1].finish_reason == "abort"
             assert len(_tokens(chunks)) < max_tokens - 1
@@ -815,14 +904,13 @@ def test_cancel_during_kv_load_ends_the_attached_stream() -> None:
         async with _worker("decode", "d1", scale=0.05) as d1:
             prompt = _prompt(2000)
             assert (await d1.stub.Accept(_accept("loading", prompt, 8))).accepted
-            call = d1.stub.Attach(pb.AttachRequest(request_id="loading"))
+            call = _attach(d1.stub, "loading")
             await asyncio.sleep(0.1)  # Attach is waiting on the job's queue; load_kv is still running
             assert (await d1.stub.Cancel(pb.CancelRequest(request_id="loading"))).found
             try:
                 chunk = await asyncio.wait_for(call.read(), timeout=1.0)
             finally:
                 call.cancel()
-            assert chunk is not grpc.aio.EOF
             assert chunk.finished
             assert chunk.finish_reason in ("abort", "error")
 
@@ -837,7 +925,7 @@ def test_prompt_longer_than_max_model_len_is_an_error() -> None:
         async with _worker("prefill", "p1") as p1, _worker("colocated", "c1") as c1, _worker("decode", "d1") as d1:
             too_long = _prompt(MAX_LEN + 1)
             for node in (p1, c1):
-                chunks = await _collect(node.stub.Generate(_gen("big", too_long, 4)))
+                chunks = await _collect(_generate(node.stub, _gen("big", too_long, 4)))
                 assert len(chunks) == 1
                 (chunk,) = chunks
                 assert chunk.finished
@@ -847,7 +935,7 @@ def test_prompt_longer_than_max_model_len_is_an_error() -> None:
                 assert list(chunk.token_ids) == []
 
             # Prompt fits, prompt + max_tokens does not.
-            chunks = await _collect(c1.stub.Generate(_gen("edge", _prompt(MAX_LEN - 2), 3)))
+            chunks = await _collect(_generate(c1.stub, _gen("edge", _prompt(MAX_LEN - 2), 3)))
             assert chunks[-1].finish_reason == "error"
             assert "max_model_len" in chunks[-1].error
 
@@ -855,7 +943,7 @@ def test_prompt_longer_than_max_model_len_is_an_error() -> None:
             reply = await d1.stub.Accept(_accept("big", too_long, 4))
             assert not reply.accepted
             assert "max_model_len" in reply.reason and "\n" not in reply.reason
-            chunks = await _collect(d1.stub.Attach(pb.AttachRequest(request_id="big")))
+            chunks = await _collect(_attach(d1.stub, "big"))
             assert chunks[-1].finish_reason == "error"  # nothing to attach to
 
             for node in (p1, c1, d1):
@@ -867,10 +955,10 @@ def test_prompt_longer_than_max_model_len_is_an_error() -> None:
 def test_empty_prompt_and_zero_max_tokens_are_errors() -> None:
     async def scenario() -> None:
         async with _worker("colocated", "c1") as c1:
-            empty = await _collect(c1.stub.Generate(_gen("e", [], 4)))
+            empty = await _collect(_generate(c1.stub, _gen("e", [], 4)))
             assert empty[-1].finish_reason == "error"
             assert "empty prompt" in empty[-1].error
-            zero = await _collect(c1.stub.Generate(_gen("z", _prompt(4), 0)))
+            zero = await _collect(_generate(c1.stub, _gen("z", _prompt(4), 0)))
             assert zero[-1].finish_reason == "error"
             assert "max_tokens" in zero[-1].error
 
@@ -890,8 +978,8 @@ def test_every_worker_rpc_needs_the_cluster_token() -> None:
         ):
             gen = pb.GenerateRequest(request_id="r", prompt_token_ids=[1, 2, 3], max_tokens=4)
             calls = {
-                "Generate": lambda stub, md: stub.Generate(gen, metadata=md).read(),
-                "Attach": lambda stub, md: stub.Attach(pb.AttachRequest(request_id="r"), metadata=md).read(),
+                "Serve generate": lambda stub, md: _Call(stub, md, generate=gen).read(),
+                "Serve attach": lambda stub, md: _Call(stub, md, attach=pb.AttachRequest(request_id="r")).read(),
                 "Cancel": lambda stub, md: stub.Cancel(pb.CancelRequest(request_id="r"), metadata=md),
                 "Flip": lambda stub, md: stub.Flip(pb.FlipRequest(to_role="decode"), metadata=md),
                 "SetPlan": lambda stub, md: stub.SetPlan(pb.PlanRequest(clear=True), metadata=md),
@@ -913,10 +1001,10 @@ def test_every_worker_rpc_needs_the_cluster_token() -> None:
                 p1.service.decode_view.update(
                     [(d1.address, "active", DecodeLoad("d1", 0, d1.engine.kv_capacity, 0, 0, 0))]
                 )
-                chunks = [c async for c in peers.worker(p1.address).Generate(gen, metadata=peers.metadata)]
+                chunks = await _collect(_Call(peers.worker(p1.address), peers.metadata, generate=gen))
                 assert chunks[-1].handoff.decode_instance_id == "d1"
-                attach = peers.worker(d1.address).Attach(pb.AttachRequest(request_id="r"), metadata=peers.metadata)
-                rest = [c async for c in attach]
+                attach = _Call(peers.worker(d1.address), peers.metadata, attach=pb.AttachRequest(request_id="r"))
+                rest = await _collect(attach)
                 assert sum(len(c.token_ids) for c in chunks + rest) == 4 and rest[-1].finished
             finally:
                 await peers.close()

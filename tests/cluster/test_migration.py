@@ -86,17 +86,31 @@ async def serving(h: httpx.AsyncClient, iid: str) -> int:
 
 
 async def stop_when(
-    c: LiveCluster, victim: str, ready: Callable[[httpx.AsyncClient], Awaitable[bool]], streams: list[Stream], sig: int
-) -> None:
-    """Run the streams; send `sig` to the victim once `ready`; wait for every stream to end."""
+    c: LiveCluster,
+    role: str,
+    ready: Callable[[httpx.AsyncClient, str], Awaitable[bool]],
+    streams: list[Stream],
+    sig: int,
+) -> str:
+    """Run the streams; send `sig` to the first worker of `role` that is `ready`; wait for every stream to
+    end; the victim. (Any worker of the role: which instance the requests land on depends on when each
+    registered, as seen by the prefill instance's last load broadcast.)"""
     async with httpx.AsyncClient(base_url=c.url, timeout=120) as h:
         tasks = [asyncio.create_task(s.run(h)) for s in streams]
         deadline = time.monotonic() + 60
-        while not await ready(h):
-            assert time.monotonic() < deadline, "the streams never reached the point to stop the worker at"
-            await asyncio.sleep(0.01)
+        candidates = [i for i in c.workers if i.startswith(role)]
+        victim = None
+        while victim is None:
+            for i in candidates:
+                if await ready(h, i):
+                    victim = i
+                    break
+            else:
+                assert time.monotonic() < deadline, "the streams never reached the point to stop a worker at"
+                await asyncio.sleep(0.01)
         c.workers[victim].send_signal(sig)
         await asyncio.gather(*tasks)
+        return victim
 
 
 def check_complete(c: LiveCluster, streams: list[Stream], victim: str) -> dict[str, dict]:
@@ -118,13 +132,12 @@ def check_complete(c: LiveCluster, streams: list[Stream], victim: str) -> dict[s
 def test_decode_worker_killed_under_20_streams(tmp_path: Path):
     c = start_cluster(tmp_path, ["prefill", "decode", "decode"], time_scale=5.0)
     try:
-        victim = next(i for i in c.workers if i.startswith("decode"))
         streams = [Stream(p, 600) for p in prompts(20, 12)]
 
-        async def decoding(h: httpx.AsyncClient) -> bool:  # several streams decoding on the victim
+        async def decoding(h: httpx.AsyncClient, victim: str) -> bool:  # several streams decoding on the victim
             return sum(len(s.tokens) >= 3 for s in streams) >= 5 and await serving(h, victim) >= 3
 
-        asyncio.run(stop_when(c, victim, decoding, streams, signal.SIGKILL))
+        victim = asyncio.run(stop_when(c, "decode", decoding, streams, signal.SIGKILL))
         rows = check_complete(c, streams, victim)
         assert all(r["decode_instance"] != victim for r in rows.values() if r["id"] in {s.id for s in streams})
     finally:
@@ -135,13 +148,12 @@ def test_prefill_worker_killed_under_20_streams(tmp_path: Path):
     # slow prefill (long prompts, a slow clock) so requests are queued and prefilling when it dies
     c = start_cluster(tmp_path, ["prefill", "prefill", "decode"], time_scale=0.2)
     try:
-        victim = next(i for i in c.workers if i.startswith("prefill"))
         streams = [Stream(p, 20) for p in prompts(20, 300)]
 
-        async def prefilling(h: httpx.AsyncClient) -> bool:
+        async def prefilling(h: httpx.AsyncClient, victim: str) -> bool:
             return await serving(h, victim) >= 3
 
-        asyncio.run(stop_when(c, victim, prefilling, streams, signal.SIGKILL))
+        victim = asyncio.run(stop_when(c, "prefill", prefilling, streams, signal.SIGKILL))
         check_complete(c, streams, victim)
     finally:
         c.stop()
@@ -268,15 +280,15 @@ def test_frozen_decode_worker_is_migrated_around(tmp_path: Path):
     """A decode worker that stops answering without closing anything (SIGSTOP: the process is frozen, its
     sockets open) is noticed by gRPC keepalive; its streams migrate and complete exactly."""
     c = start_cluster(tmp_path, ["prefill", "decode", "decode"], time_scale=5.0)
-    victim = next(i for i in c.workers if i.startswith("decode"))
     try:
         streams = [Stream(p, 500) for p in prompts(6, 12)]
 
-        async def decoding(h: httpx.AsyncClient) -> bool:
+        async def decoding(h: httpx.AsyncClient, victim: str) -> bool:
             return sum(len(s.tokens) >= 3 for s in streams) >= 3 and await serving(h, victim) >= 1
 
-        asyncio.run(stop_when(c, victim, decoding, streams, signal.SIGSTOP))
+        victim = asyncio.run(stop_when(c, "decode", decoding, streams, signal.SIGSTOP))
         check_complete(c, streams, victim)
     finally:
-        c.workers[victim].send_signal(signal.SIGCONT)
+        for w in c.workers.values():
+            w.send_signal(signal.SIGCONT)
         c.stop()

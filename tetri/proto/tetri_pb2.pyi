@@ -76,7 +76,7 @@ class Handoff(_message.Message):
     def __init__(self, decode_instance_id: _Optional[str] = ..., decode_address: _Optional[str] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("request_id", "token_ids", "finished", "finish_reason", "handoff", "error", "kv_loaded_tokens")
+    __slots__ = ("request_id", "token_ids", "finished", "finish_reason", "handoff", "error", "kv_loaded_tokens", "call")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class TokenChunk(_message.Message):
     HANDOFF_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     KV_LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
@@ -91,7 +92,26 @@ class TokenChunk(_message.Message):
     handoff: Handoff
     error: str
     kv_loaded_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., handoff: _Optional[_Union[Handoff, _Mapping]] = ..., error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ...) -> None: ...
+    call: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., handoff: _Optional[_Union[Handoff, _Mapping]] = ..., error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ..., call: _Optional[int] = ...) -> None: ...
+
+class ServeUp(_message.Message):
+    __slots__ = ("call", "generate", "attach", "close")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    GENERATE_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    generate: GenerateRequest
+    attach: AttachRequest
+    close: bool
+    def __init__(self, call: _Optional[int] = ..., generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., attach: _Optional[_Union[AttachRequest, _Mapping]] = ..., close: _Optional[bool] = ...) -> None: ...
+
+class ServeDown(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[TokenChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[TokenChunk, _Mapping]]] = ...) -> None: ...
 
 class AcceptRequest(_message.Message):
     __slots__ = ("request", "first_token", "kv")

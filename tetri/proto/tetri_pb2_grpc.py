@@ -34,20 +34,15 @@ class WorkerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Generate = channel.unary_stream(
-                '/tetri.v1.Worker/Generate',
-                request_serializer=tetri__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=tetri__pb2.TokenChunk.FromString,
+        self.Serve = channel.stream_stream(
+                '/tetri.v1.Worker/Serve',
+                request_serializer=tetri__pb2.ServeUp.SerializeToString,
+                response_deserializer=tetri__pb2.ServeDown.FromString,
                 _registered_method=True)
         self.Accept = channel.unary_unary(
                 '/tetri.v1.Worker/Accept',
                 request_serializer=tetri__pb2.AcceptRequest.SerializeToString,
                 response_deserializer=tetri__pb2.AcceptReply.FromString,
-                _registered_method=True)
-        self.Attach = channel.unary_stream(
-                '/tetri.v1.Worker/Attach',
-                request_serializer=tetri__pb2.AttachRequest.SerializeToString,
-                response_deserializer=tetri__pb2.TokenChunk.FromString,
                 _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/tetri.v1.Worker/Cancel',
@@ -74,22 +69,18 @@ class WorkerStub:
 class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Generate(self, request, context):
-        """Colocated: streams every token. Prefill: streams the first token, then a last chunk with `handoff`.
+    def Serve(self, request_iterator, context):
+        """The daemon's one stream to this worker: every request's token stream multiplexed over it (a call
+        per request per worker: ServeUp.call). Colocated Generate streams every token; prefill Generate
+        streams the first token, then a last chunk with `handoff`; decode Attach streams the rest. A broken
+        stream ends every call on it (the daemon migrates them).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Accept(self, request, context):
-        """Decode: take over a prefilled request (KV hand-over); tokens are read with Attach.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Attach(self, request, context):
-        """Decode: stream the tokens after the first (buffered until attached).
+        """Decode: take over a prefilled request (KV hand-over); its tokens are read with an Attach call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,20 +113,15 @@ class WorkerServicer:
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Generate': grpc.unary_stream_rpc_method_handler(
-                    servicer.Generate,
-                    request_deserializer=tetri__pb2.GenerateRequest.FromString,
-                    response_serializer=tetri__pb2.TokenChunk.SerializeToString,
+            'Serve': grpc.stream_stream_rpc_method_handler(
+                    servicer.Serve,
+                    request_deserializer=tetri__pb2.ServeUp.FromString,
+                    response_serializer=tetri__pb2.ServeDown.SerializeToString,
             ),
             'Accept': grpc.unary_unary_rpc_method_handler(
                     servicer.Accept,
                     request_deserializer=tetri__pb2.AcceptRequest.FromString,
                     response_serializer=tetri__pb2.AcceptReply.SerializeToString,
-            ),
-            'Attach': grpc.unary_stream_rpc_method_handler(
-                    servicer.Attach,
-                    request_deserializer=tetri__pb2.AttachRequest.FromString,
-                    response_serializer=tetri__pb2.TokenChunk.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -169,7 +155,7 @@ class Worker:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Generate(request,
+    def Serve(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -179,12 +165,12 @@ class Worker:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
-            '/tetri.v1.Worker/Generate',
-            tetri__pb2.GenerateRequest.SerializeToString,
-            tetri__pb2.TokenChunk.FromString,
+            '/tetri.v1.Worker/Serve',
+            tetri__pb2.ServeUp.SerializeToString,
+            tetri__pb2.ServeDown.FromString,
             options,
             channel_credentials,
             insecure,
@@ -212,33 +198,6 @@ class Worker:
             '/tetri.v1.Worker/Accept',
             tetri__pb2.AcceptRequest.SerializeToString,
             tetri__pb2.AcceptReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Attach(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/tetri.v1.Worker/Attach',
-            tetri__pb2.AttachRequest.SerializeToString,
-            tetri__pb2.TokenChunk.FromString,
             options,
             channel_credentials,
             insecure,
