@@ -444,7 +444,7 @@ class Gateway:
                     fl.produced += n
                     got += n
                     fl.output.extend(chunk.token_ids)
-                    self._update(fl, output_tokens=fl.produced)  # current, so a crash loses one flush at most
+                    self.writer.submit_progress(fl.id, fl.produced)  # current: a crash loses one flush at most
                     self.metrics.tokens.inc(n)
                     last = now
                     yield Tokens(chunk.token_ids)

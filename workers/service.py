@@ -275,6 +275,7 @@ class WorkerService(rpc.WorkerServicer):
                 if first is None:
                     return
                 batch, end = [first], False
+                await asyncio.sleep(0)  # the other calls woken by this engine step add theirs: one message
                 while not out.empty():
                     item = out.get_nowait()
                     if item is None:

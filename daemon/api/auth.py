@@ -38,7 +38,11 @@ def admin_tokens(settings: DaemonSettings) -> dict[str, str]:
     return tokens
 
 
-def require_admin(request: Request) -> None:
+# The dependencies are coroutines: FastAPI runs a plain function dependency in a worker thread, a thread
+# hop per request (a tenth of the daemon's CPU per request, bench/control_plane_cost.py).
+
+
+async def require_admin(request: Request) -> None:
     tokens = admin_tokens(request.app.state.settings)
     if not tokens:
         request.state.identity = LOCAL
@@ -54,7 +58,7 @@ def identity(request: Request) -> str:
     return str(getattr(request.state, "identity", LOCAL))[:64]
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
     keys = request.app.state.settings.api_keys
     if keys and _match(_bearer(request), {str(i): k for i, k in enumerate(keys)}) is None:
         raise HTTPException(401, detail="invalid API key")

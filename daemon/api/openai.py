@@ -6,12 +6,12 @@ model's instances; prompts are tokenized, and outputs detokenized, with that mod
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
@@ -304,7 +304,7 @@ def _usage_chunk(job: _Job, chat: bool, n: int) -> dict[str, Any]:
 
 
 def _data(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
 async def _sse(job: _Job, chat: bool) -> AsyncGenerator[bytes, None]:

@@ -126,7 +126,10 @@ class _Call:
     """One Generate or Attach call on a Serve stream of its own, driven at the wire as the daemon does."""
 
     def __init__(
-        self, stub: rpc.WorkerStub, metadata: tuple[tuple[str, str], ...] = (), **op: pb.GenerateRequest | pb.AttachRequest
+        self,
+        stub: rpc.WorkerStub,
+        metadata: tuple[tuple[str, str], ...] = (),
+        **op: pb.GenerateRequest | pb.AttachRequest,
     ) -> None:
         self._up: asyncio.Queue[pb.ServeUp | None] = asyncio.Queue()
         self._up.put_nowait(pb.ServeUp(call=1, **op))  # type: ignore[arg-type]
@@ -552,7 +555,7 @@ def test_calls_multiplex_on_one_serve_stream() -> None:
                 left = client.generate(c1.address, "left", _prompt(12), 2000)
                 assert (await left.__anext__()).token_ids
                 outs = await asyncio.gather(*(run(rid, 6 + i) for i, rid in enumerate(prompts)))
-                for i, (rid, prompt) in enumerate(prompts.items()):
+                for i, prompt in enumerate(prompts.values()):
                     assert outs[i] == [sim_token(prompt, j, VOCAB) for j in range(6 + i)]
                 await left.aclose()
                 for _ in range(200):
@@ -590,9 +593,7 @@ def test_concurrent_handoffs_spread_over_decode_instances() -> None:
                 prompt = _prompt(16 + i, seed=i)
                 chunks = await _collect(_generate(p1.stub, _gen(f"q{i}", prompt, 12)))
                 handoff = chunks[-1].handoff
-                rest = await _collect(
-                    _attach(decodes[handoff.decode_instance_id].stub, f"q{i}")
-                )
+                rest = await _collect(_attach(decodes[handoff.decode_instance_id].stub, f"q{i}"))
                 assert rest[-1].finish_reason == "length"
                 return handoff.decode_instance_id, _tokens(chunks) + _tokens(rest), prompt
 
