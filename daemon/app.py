@@ -80,6 +80,7 @@ def create_app(
             workers=WorkerClient(settings.grpc_token(), tls),
             max_migrations=settings.max_migrations,
             migration_wait_s=settings.migration_wait_s,
+            entry_wait_s=settings.entry_wait_s,
             store_prompt_samples=settings.store_prompt_samples,
         )
         metrics.watch_predictor(predictor)

@@ -117,11 +117,13 @@ class Gateway:
         workers: WorkerClient | None = None,
         max_migrations: int = 3,
         migration_wait_s: float = 30.0,
+        entry_wait_s: float = 5.0,
         store_prompt_samples: bool = False,
     ) -> None:
         self.predictor = predictor
         self.max_migrations = max_migrations
         self.migration_wait_s = migration_wait_s
+        self.entry_wait_s = entry_wait_s
         self.store_prompt_samples = store_prompt_samples
         self.draining = False
         self.cluster = cluster
@@ -342,15 +344,24 @@ class Gateway:
                 "request %s: %s; migrating after %d tokens (try %d)", fl.id, lost.message, fl.produced, fl.migrations
             )
 
+    def registered(self, model: str) -> bool:
+        """Whether instances of the model that could serve a request together are registered, whatever
+        their state now (colocated, or prefill and decode)."""
+        roles = {i.role for i in self.cluster.instances.values() if i.model == model}
+        return "colocated" in roles or {"prefill", "decode"} <= roles
+
     async def _entry(self, fl: Inflight, exclude: frozenset[str]) -> Instance | str:
         """The entry instance for this attempt, or why there is none. A migrating request waits up to
-        `migration_wait_s` for one (a worker restarting); a new request does not wait."""
-        deadline = time.monotonic() + (self.migration_wait_s if fl.migrations else 0.0)
+        `migration_wait_s` for one (a worker restarting); a new request up to `entry_wait_s` while its
+        model's instances are registered but none can take it now (a load report late on a busy host, a
+        flip, a drain), and not at all when they are not."""
+        start = time.monotonic()
         while True:
             try:
                 return self.pick_entry(fl.model, exclude)
             except NoInstance as e:
-                if time.monotonic() >= deadline or fl.cancelled:
+                wait = self.migration_wait_s if fl.migrations else self.entry_wait_s * self.registered(fl.model)
+                if time.monotonic() - start >= wait or fl.cancelled or fl.interrupted:
                     return str(e)
             await asyncio.sleep(0.05)
 

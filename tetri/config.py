@@ -74,6 +74,12 @@ class DaemonSettings(BaseSettings):
     migration_wait_s: float = Field(
         30.0, ge=0, description="How long a migrating request waits for a healthy instance (wall seconds)."
     )
+    entry_wait_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long a new request waits when its model's instances are registered but none can "
+        "take it now (a late load report, a flip, a drain) before failing (wall seconds).",
+    )
     dead_after_s: float = Field(
         10.0, gt=0, description="An instance silent this long (wall seconds) is removed from the registry."
     )

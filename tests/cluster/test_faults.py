@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +66,28 @@ def test_only_decode_worker_dies_mid_request_and_a_replacement_finishes_it(tmp_p
         assert row["output_tokens"] == 2000 and row["migrations"] == 1 and row["migrated_from"] == decode_id
         client.close()
     finally:
+        c.stop()
+
+
+def test_new_request_waits_out_an_instance_that_reports_late(tmp_path: Path):
+    """The only instance misses its load reports (frozen for a moment, as on a host starved by its engines)
+    and goes unhealthy: a request that arrives meanwhile waits for it (entry_wait_s) and is served, where
+    it used to fail at once with "no healthy instance"."""
+    c = start_cluster(tmp_path, ["colocated"], time_scale=5.0, mode="colocated")
+    worker = next(iter(c.workers.values()))
+    try:
+        with httpx.Client(base_url=c.url, timeout=30) as h:
+            worker.send_signal(signal.SIGSTOP)
+            deadline = time.monotonic() + 10
+            while h.get("/api/v1/instances").json()["instances"][0]["state"] != "unhealthy":
+                assert time.monotonic() < deadline, "the frozen instance never went unhealthy"
+                time.sleep(0.05)
+            threading.Timer(1.0, worker.send_signal, (signal.SIGCONT,)).start()
+            r = h.post("/v1/completions", json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        worker.send_signal(signal.SIGCONT)
         c.stop()
 
 
