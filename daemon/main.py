@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tetri.config import ConfigError, DaemonSettings, load_daemon_settings
+from tetri.gcheap import freeze_startup_heap
 
 from .app import create_app
 from .gateway import Gateway
@@ -109,6 +110,7 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
             await grpc_server.stop(0)
             return 2
         await asyncio.sleep(0.02)
+    freeze_startup_heap()
     port = server.servers[0].sockets[0].getsockname()[1]
     host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
     scheme = "https" if settings.tls_cert_file else "http"

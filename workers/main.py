@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tetri.clock import ScaledClock
 from tetri.config import WorkerSettings
+from tetri.gcheap import freeze_startup_heap
 from tetri.proto import rpc
 from tetri.proto.peers import Peers
 from tetri.proto.security import PortInUse, Tls, make_server
@@ -120,6 +121,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
     rpc.add_WorkerServicer_to_server(service, server)
     await engine.start()
     await server.start()
+    freeze_startup_heap()
     clock = ScaledClock(settings.time_scale)
     link = ControlLink(service, settings.daemon, address, settings.token, now=clock.now, tls=tls)
     link_task = asyncio.create_task(link.run())

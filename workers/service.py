@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from tetri.gcheap import freeze_startup_heap
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
 from tetri.sampling import GREEDY, Sampling
@@ -536,6 +537,7 @@ class WorkerService(rpc.WorkerServicer):
             old = self.engine
             new = self.engine_factory(to)
             await new.start()
+            freeze_startup_heap()  # the new engine's heap too
             self.engine, self.role = new, to
             self.apply_policies(self.policies, self.policy_version)
             await old.stop()
