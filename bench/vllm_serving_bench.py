@@ -2,7 +2,7 @@
 
     python bench/vllm_serving_bench.py [--model DIR] [--requests 50] [--rate 10] [--seed 0]
         [--patterns burst,poisson,sequential] [--systems vllm,colocated,disaggregated] [--json FILE]
-        [--omp-bind 1/0]
+        [--omp-bind 1/0] [--rounds 1]
 
 One system runs at a time, each on the same engine options (float32, block size 32, max model len 1024,
 no prefix caching, enforce eager, max-num-batched-tokens 512, VLLM_CPU_KVCACHE_SPACE=1 GiB):
@@ -268,6 +268,19 @@ def report(results: dict[str, dict[str, list[Result]]], args: argparse.Namespace
         print(f"failed: {e}")
 
 
+def spread(rounds: list[dict[str, dict[str, list[Result]]]], args: argparse.Namespace) -> None:
+    """Each round's ratio of mean TTFT, TPOT and JCT, per pattern: how much one run's ratio can be trusted."""
+    for pattern in args.patterns:
+        for a, b in (("colocated", "vllm"), ("disaggregated", "colocated")):
+            per = []
+            for r in rounds:
+                if pattern in r.get(a, {}) and pattern in r.get(b, {}):
+                    sa, sb = summary(r[a][pattern]), summary(r[b][pattern])
+                    per.append("/".join(f"{sa[f'{k}_mean'] / sb[f'{k}_mean']:.2f}" for k in ("ttft", "tpot", "jct")))
+            if per:
+                print(f"{pattern:10s} {LABEL[a]} / {LABEL[b]}, TTFT/TPOT/JCT mean ratio by round: {'  '.join(per)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="model directory (default: a tiny Llama written here)")
@@ -277,6 +290,13 @@ def main() -> None:
     ap.add_argument("--patterns", default=",".join(PATTERNS))
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--json", type=Path, help="write the raw per-request numbers here")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every system this many times, interleaved (vLLM, colocated, 1P+1D, vLLM, …); the table pools "
+        "the rounds, and each round's ratios of means are printed (this machine's speed drifts between runs)",
+    )
     ap.add_argument(
         "--omp-bind",
         metavar="P/D",
@@ -301,18 +321,23 @@ def main() -> None:
     reqs = probe(args.requests, args.seed)
     results: dict[str, dict[str, list[Result]]] = {}
     ok = False
+    rounds: list[dict[str, dict[str, list[Result]]]] = []
     try:
-        for system in args.systems:
-            start = vllm_server(model, root) if system == "vllm" else tetri(system, model, root, args.omp_bind)
-            print(f"{LABEL[system]}: starting", file=sys.stderr, flush=True)
-            with start as url:
-                for pattern in args.patterns:
-                    for folder in (root / "kv").glob("*"):  # each pattern stores its KV afresh
-                        shutil.rmtree(folder, ignore_errors=True)
-                    times = arrivals(pattern, len(reqs), args.rate, args.seed)
-                    t0 = time.perf_counter()
-                    results.setdefault(system, {})[pattern] = asyncio.run(run_pattern(url, reqs, times))
-                    print(f"  {pattern}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        for n in range(args.rounds):
+            rounds.append({})
+            for system in args.systems:
+                start = vllm_server(model, root) if system == "vllm" else tetri(system, model, root, args.omp_bind)
+                print(f"round {n + 1}, {LABEL[system]}: starting", file=sys.stderr, flush=True)
+                with start as url:
+                    for pattern in args.patterns:
+                        for folder in (root / "kv").glob("*"):  # each pattern stores its KV afresh
+                            shutil.rmtree(folder, ignore_errors=True)
+                        times = arrivals(pattern, len(reqs), args.rate, args.seed)
+                        t0 = time.perf_counter()
+                        got = asyncio.run(run_pattern(url, reqs, times))
+                        rounds[-1].setdefault(system, {})[pattern] = got
+                        results.setdefault(system, {}).setdefault(pattern, []).extend(got)
+                        print(f"  {pattern}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         ok = True
     finally:
         if args.json:
@@ -322,6 +347,8 @@ def main() -> None:
             args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": raw}))
         if results:
             report(results, args)
+            if len(rounds) > 1:
+                spread(rounds, args)
         if ok:
             shutil.rmtree(root, ignore_errors=True)
         else:
