@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ _DONE = object()
 
 
 ACCEPT_ATTEMPTS = 3  # decode instances tried before a hand-over fails
+TARGET_WAIT_S = 3.0  # how long a hand-over waits for a decode instance to appear in the broadcast view
 
 
 @dataclass
@@ -403,7 +405,12 @@ class WorkerService(rpc.WorkerServicer):
         yield _error_chunk(rid, error)
 
     async def _target(self, request: pb.GenerateRequest, exclude: frozenset[str]) -> tuple[str, str] | None:
-        for attempt in range(2):  # the view lags registration by up to one report: wait for one broadcast
+        """The decode instance to hand over to (the pinned one, or the dispatcher's pick), or None. The view
+        is the daemon's last broadcast, which lags its registry (a decode instance that just registered,
+        or one whose reports are late on a busy host): without a candidate, later broadcasts are awaited
+        for up to `TARGET_WAIT_S` (one was not always enough: a broadcast already on its way is stale)."""
+        deadline = time.monotonic() + TARGET_WAIT_S
+        while True:
             if request.decode_instance_id:
                 hit = self.decode_view.instances.get(request.decode_instance_id)
                 target = (
@@ -411,11 +418,11 @@ class WorkerService(rpc.WorkerServicer):
                 )
             else:
                 target = self.decode_view.choose(self.policies.dispatch, request.predicted_lo or None, exclude)
-            if target is not None or attempt:
+            left = deadline - time.monotonic()
+            if target is not None or left <= 0:
                 return target
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.decode_view.updated.wait(), timeout=1.0)
-        return None
+                await asyncio.wait_for(self.decode_view.updated.wait(), timeout=left)
 
     async def Accept(self, request: pb.AcceptRequest, context: grpc.aio.ServicerContext) -> pb.AcceptReply:
         if self.role != "decode":

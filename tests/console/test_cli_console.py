@@ -107,11 +107,22 @@ def test_cancel_an_in_flight_request(cluster: LiveCluster):
     t = threading.Thread(target=long_request)
     t.start()
     try:
+
+        def decoding() -> bool:  # on the slow instance: minutes from its end
+            r = httpx.get(f"{cluster.url}/api/v1/requests/to-cancel")
+            assert "resp" not in result, getattr(result["resp"], "text", None)  # it ended before it decoded
+            return r.status_code == 200 and r.json()["phase"] == "decode"
+
         deadline = time.monotonic() + 20
-        while httpx.get(f"{cluster.url}/api/v1/requests/to-cancel").status_code != 200:
+        while not decoding():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        doc = ok_json(cluster, "requests", "cancel", "to-cancel")
+        try:
+            doc = ok_json(cluster, "requests", "cancel", "to-cancel")
+        except AssertionError as e:  # it ended before the cancel: say how
+            t.join(10)
+            resp = result.get("resp")
+            raise AssertionError(f"{e}; the request answered {getattr(resp, 'text', None)!r}") from None
         assert doc == {"id": "to-cancel", "cancelled": True}
         t.join(60)
         time.sleep(0.3)
