@@ -1,7 +1,7 @@
 """Tetri's control-plane CPU cost per request and per output token, without an engine.
 
     python bench/control_plane_cost.py [--requests 1000] [--short 8] [--long 128] [--concurrency 16]
-        [--prompt 64] [--modes colocated,disaggregated] [--time-scale 1e6]
+        [--prompt 64] [--modes colocated,disaggregated] [--event-loops uvloop] [--time-scale 1e6]
 
 For each mode a daemon and sim workers start on loopback (`tetrictl.procs.start_local_cluster`):
 colocated = one colocated worker, disaggregated = one prefill + one decode worker. The sim engine runs on
@@ -16,6 +16,9 @@ read before and after each batch; the idle rate (load reports, broadcasts; measu
 the batches) times each batch's wall time is subtracted, and cost = a × requests + b × tokens is solved
 from the two batches: a = CPU per request, b = CPU per output token. The client's own CPU is not counted
 (it shares the two cores, so it slows the wall clock, not the CPU seconds measured).
+
+`--event-loops asyncio,uvloop` runs every mode on each loop (TETRI_EVENT_LOOP, tetri/eventloop.py), one
+after the other in this run, so the two can be compared side by side.
 
 Target: a + b × tokens under 1 ms per request + 50 µs per token, daemon and workers together.
 Note: sim tokens come as fast as the control plane takes them, so a worker's stream may coalesce several
@@ -38,6 +41,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from tetri import eventloop
 from tetrictl.procs import start_local_cluster
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -104,9 +108,10 @@ def fit(short: Batch, long: Batch, names: list[str]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict[str, int], dict[str, float], Batch, Batch]:
+def run_mode(mode: str, loop: str, args: argparse.Namespace) -> tuple[dict[str, int], dict[str, float], Batch, Batch]:
     roles = ["colocated"] if mode == "colocated" else ["prefill", "decode"]
     state = Path(tempfile.mkdtemp(prefix=f"tetri-cpcost-{mode}-"))
+    os.environ[eventloop.ENV] = loop  # the daemon and workers inherit it
     cluster = start_local_cluster(roles, state_dir=state, profile=args.profile, time_scale=args.time_scale, mode=mode)
     try:
         pids = {"daemon": cluster.procs[0].pid} | {w["role"]: int(w["pid"]) for w in cluster.workers}
@@ -132,6 +137,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--idle-s", type=float, default=3.0)
     ap.add_argument("--modes", default="colocated,disaggregated")
+    ap.add_argument("--event-loops", default="uvloop", help="comma-separated: uvloop, asyncio (each mode on each)")
     ap.add_argument("--profile", default="opt-13b-v100")
     ap.add_argument("--time-scale", type=float, default=1e6)
     args = ap.parse_args()
@@ -140,12 +146,25 @@ def main() -> None:
         f"{args.short} and × {args.long} output tokens, prompt {args.prompt}, concurrency {args.concurrency}",
         title_justify="left",
     )
-    cols = ["mode", "process", "µs / request", "µs / token", f"ms / {args.short}-tok req", f"ms / {args.long}-tok req"]
+    cols = [
+        "mode",
+        "loop",
+        "process",
+        "µs / request",
+        "µs / token",
+        f"ms / {args.short}-tok req",
+        f"ms / {args.long}-tok req",
+    ]
     cols += ["idle CPU %", "req/s short", "req/s long", "tokens / SSE chunk"]
     for i, c in enumerate(cols):
-        t.add_column(c, justify="left" if i < 2 else "right")
-    for mode in [m for m in args.modes.split(",") if m]:
-        pids, idle, short, long = run_mode(mode, args)
+        t.add_column(c, justify="left" if i < 3 else "right")
+    loops = [x.strip() for x in args.event_loops.split(",") if x.strip()]
+    bad = [x for x in loops if x not in eventloop.CHOICES]
+    if bad or not loops:
+        ap.error(f"--event-loops: {', '.join(bad) or 'none given'}: expected {', '.join(eventloop.CHOICES)}")
+    runs = [(m, lp) for m in args.modes.split(",") if m for lp in loops]
+    for mode, loop in runs:
+        pids, idle, short, long = run_mode(mode, loop, args)
         groups = [[k] for k in pids] + [[k for k in pids if k != "daemon"], list(pids)]
         labels = [*pids, "workers", "total"]
         for names, label in zip(groups, labels, strict=True):
@@ -156,6 +175,7 @@ def main() -> None:
             ok = a < 1e-3 and b < 50e-6
             row = [
                 mode if label == "daemon" else "",
+                loop if label == "daemon" else "",
                 f"[b]{label}[/b]" if total else label,
                 f"{a * 1e6:,.0f}",
                 f"{b * 1e6:,.1f}",

@@ -18,6 +18,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from tetri import eventloop
 from tetri.config import ConfigError, DaemonSettings, load_daemon_settings
 from tetri.gcheap import freeze_startup_heap
 
@@ -122,6 +123,7 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
                 "grpc": f"{settings.grpc_host}:{app.state.grpc_port}",
                 "recovered_interrupted": app.state.recovered,
                 "time_scale": settings.time_scale,
+                "event_loop": eventloop.running(),
             }
         ),
         flush=True,
@@ -155,13 +157,14 @@ def main(argv: list[str] | None = None) -> int:
             token=a.token,
             time_scale=a.time_scale,
         )
+        loop = eventloop.chosen()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     code = 0
     with contextlib.suppress(KeyboardInterrupt):
-        code = asyncio.run(serve(settings, a.mode))
+        code = eventloop.run(serve(settings, a.mode), loop)
     return code
 
 

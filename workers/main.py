@@ -16,6 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
+from tetri import eventloop
 from tetri.clock import ScaledClock
 from tetri.config import WorkerSettings
 from tetri.gcheap import freeze_startup_heap
@@ -143,6 +144,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
                     "role": settings.role,
                     "address": address,
                     "pid": os.getpid(),
+                    "event_loop": eventloop.running(),
                 }
             ),
             flush=True,
@@ -194,7 +196,7 @@ def run(settings: WorkerSettings) -> int:
             loop.add_signal_handler(sig, stop.set)
         return await serve(settings, stop)
 
-    return asyncio.run(main())
+    return eventloop.run(main())
 
 
 if __name__ == "__main__":
@@ -251,6 +253,7 @@ if __name__ == "__main__":
             block_size=a.block_size,
             max_num_seqs=a.max_num_seqs,
         )
+        eventloop.chosen()  # a bad TETRI_EVENT_LOOP: one line, exit 2
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -29,6 +29,8 @@ class LiveCluster:
     workers: dict[str, subprocess.Popen[str]] = field(default_factory=dict)  # instance id -> process
     token: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every process started
+    ready: dict = field(default_factory=dict)  # the daemon's ready line
+    worker_ready: dict[str, dict] = field(default_factory=dict)  # instance id -> the worker's ready line
 
     @property
     def db_url(self) -> str:
@@ -52,6 +54,7 @@ class LiveCluster:
             return p, {}
         info = wait_ready(p, f"{role} worker")
         self.workers[info["instance_id"]] = p
+        self.worker_ready[info["instance_id"]] = info
         return p, info
 
     def stop(self) -> None:
@@ -76,7 +79,7 @@ def start_cluster(
         args += ["--token", token]
     daemon = spawn("daemon.main", args, env, daemon_stderr)
     ready = wait_ready(daemon, "daemon")
-    cluster = LiveCluster(ready["url"], ready["grpc"], state_dir, daemon, token=token, env=dict(env or {}))
+    cluster = LiveCluster(ready["url"], ready["grpc"], state_dir, daemon, token=token, env=dict(env or {}), ready=ready)
     try:
         for role in roles:
             cluster.add_worker(role, profile, time_scale)

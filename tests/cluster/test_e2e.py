@@ -26,7 +26,9 @@ def disagg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
 
 @pytest.fixture(scope="module")
 def coloc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
-    c = start_cluster(tmp_path_factory.mktemp("coloc"), ["colocated", "colocated"], mode="colocated")
+    # on asyncio's own loop (the disaggregated cluster runs the default, uvloop): both loops end to end
+    env = {"TETRI_EVENT_LOOP": "asyncio"}
+    c = start_cluster(tmp_path_factory.mktemp("coloc"), ["colocated", "colocated"], mode="colocated", env=env)
     yield c
     c.stop()
 
@@ -99,6 +101,11 @@ def test_50_concurrent_streams_colocated(coloc: LiveCluster):
     check_rows(got, results, ("colocated", ""))
     used = {got[r[0]]["prefill_instance"] for r in results}
     assert len(used) == 2, "least-loaded routing spreads over both colocated instances"
+
+
+def test_each_process_runs_the_chosen_event_loop(disagg: LiveCluster, coloc: LiveCluster):
+    assert [disagg.ready["event_loop"], *(w["event_loop"] for w in disagg.worker_ready.values())] == ["uvloop"] * 3
+    assert [coloc.ready["event_loop"], *(w["event_loop"] for w in coloc.worker_ready.values())] == ["asyncio"] * 3
 
 
 def test_non_streaming_and_models(disagg: LiveCluster):
