@@ -187,7 +187,7 @@ def main() -> None:
                 f"{short.tokens / max(1, short.chunks):.2f} / {long.tokens / max(1, long.chunks):.2f}" if total else "",
             ]
             if total:
-                row[1] += " [green](meets target)[/green]" if ok else " [red](misses target)[/red]"
+                row[2] += " [green](meets target)[/green]" if ok else " [red](misses target)[/red]"
             t.add_row(*row)
         t.add_section()
     Console(width=170).print(t)
