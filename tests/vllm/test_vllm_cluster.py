@@ -59,6 +59,14 @@ def stored(prompt_len: int) -> int:
     return 0 if prompt_len in NO_HANDOVER else (prompt_len - 1) // BLOCK * BLOCK
 
 
+LOGS: dict[str, Path] = {}  # each process's stderr (its engine core's too), tailed into a failing test's report
+
+
+def log_to(root: Path, name: str):
+    LOGS[name] = root / f"{name}.log"
+    return LOGS[name].open("a")
+
+
 def vllm_worker(daemon_grpc: str, role: str, name: str, model: Path, store: Path, *extra: str):
     args = [
         "--role", role, "--engine", "vllm", "--model", str(model), "--daemon", daemon_grpc,
@@ -67,7 +75,8 @@ def vllm_worker(daemon_grpc: str, role: str, name: str, model: Path, store: Path
     ]  # fmt: skip
     if role != "colocated":
         args.append("--kv-both")
-    return spawn("workers.main", args)
+    with log_to(store.parent, name) as log:
+        return spawn("workers.main", args, stderr=log)
 
 
 def free_port() -> int:
@@ -83,12 +92,13 @@ def vllm_server(model: Path, port: int) -> subprocess.Popen[str]:
         "--dtype", "float32", "--block-size", str(BLOCK), "--max-model-len", str(MAX_LEN), "--enforce-eager",
         "--no-enable-prefix-caching", "--max-num-batched-tokens", "512", "--max-num-seqs", "64",
     ]  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    with log_to(model.parent, "vllm-server") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+        )
 
 
 def wait_http(url: str, proc: subprocess.Popen[str], timeout: float) -> None:
@@ -111,7 +121,8 @@ def vc(tmp_path_factory: pytest.TempPathFactory):
     model = root / "tiny-llama"
     subprocess.run([sys.executable, "-m", "workers.engines.vllm.tinymodel", str(model)], check=True, timeout=300)
     s1, s2 = root / "kv-s", root / "kv-s2"
-    daemon = spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(root)])
+    with log_to(root, "daemon") as log:
+        daemon = spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(root)], stderr=log)
     procs = [daemon]
     try:
         ready = wait_ready(daemon, "daemon")
