@@ -303,25 +303,36 @@ def _usage_chunk(job: _Job, chat: bool, n: int) -> dict[str, Any]:
             "usage": u}  # fmt: skip
 
 
-def _data(body: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+# Characters JSON leaves raw that line readers built on str.splitlines (httpx's `aiter_lines`, Python's
+# own) take for line ends, splitting an event mid-string: NEL, LINE and PARAGRAPH SEPARATOR. Escaped, the
+# JSON decodes to the same text; SSE's own line ends (CR, LF) never occur raw (JSON escapes controls).
+_LINE_BREAKING = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def sse_data(body: dict[str, Any]) -> bytes:
+    """One SSE event carrying `body` as JSON, safe for line readers that split on Unicode line breaks."""
+    raw = orjson.dumps(body)
+    if b"\xc2\x85" in raw or b"\xe2\x80" in raw:
+        for ch, esc in _LINE_BREAKING:
+            raw = raw.replace(ch, esc)
+    return b"data: " + raw + b"\n\n"
 
 
 async def _sse(job: _Job, chat: bool) -> AsyncGenerator[bytes, None]:
     if chat:  # the first chunk names the role, as OpenAI's and vLLM's do
-        yield _data(chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None))
+        yield sse_data(chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None))
     n = 0
     async for ev in job.events:
         if isinstance(ev, Failed):
-            yield _data(error_body(ev.message, "APIError", None, _failure_code(ev)))
+            yield sse_data(error_body(ev.message, "APIError", None, _failure_code(ev)))
             break
         if isinstance(ev, Tokens):
             n += len(ev.ids)
         body = _frame(job, chat, ev)
         if body is not None:
-            yield _data(body)
+            yield sse_data(body)
         if isinstance(ev, Finished):
             if job.include_usage:
-                yield _data(_usage_chunk(job, chat, n))
+                yield sse_data(_usage_chunk(job, chat, n))
             break
     yield b"data: [DONE]\n\n"
