@@ -14,6 +14,8 @@ import typer
 
 from tetri.costmodel import load_profile
 from tetri.des.experiments import TETRI, VANILLA, BenchSetup, des_runner, run_ablations, run_bench
+from tetri.des.metrics import RATIOS
+from tetri.des.slo import parse_slos
 from tetri.des.workloads import WORKLOADS, WorkloadSpecError, check_workload_name
 
 from .bench_live import live_runner
@@ -35,6 +37,14 @@ def bench(
     profile: Annotated[str, typer.Option("--profile", help="Cost-model profile (profiles.toml).")] = "opt-13b-v100",
     seed: Annotated[int, typer.Option("--seed", help="Seed for lengths, arrivals, predictor and dispatch.")] = 0,
     price: Annotated[float, typer.Option("--price", help="Dollars per GPU-hour, for perf/$.")] = 2.0,
+    slo: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--slo",
+            help="Latency SLOs for goodput and perf/$, seconds: 'ttft=1,tpot=0.1' (the default) or per class "
+            "'HPLD:ttft=5' (LPLD, LPHD, HPLD, HPHD; repeatable).",
+        ),
+    ] = None,
     load: Annotated[
         float, typer.Option("--load", help="Arrival rate as a fraction of vLLM's saturated throughput.")
     ] = 0.8,
@@ -51,7 +61,8 @@ def bench(
     ] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
 ) -> None:
-    """TetriInfer vs vanilla vLLM: TTFT, JCT, resource usage and perf/$ per workload (DES or live)."""
+    """TetriInfer vs vanilla vLLM per workload (DES or live): TTFT, TPOT, JCT, goodput within the SLOs,
+    cost (provisioned GPUs × wall time) and perf/$ (requests within their SLOs per dollar)."""
     with user_errors():
         names = [check_workload_name(w) for w in workloads.split(",") if w.strip()]
         if not names:
@@ -70,6 +81,7 @@ def bench(
             price=price,
             load=load,
             burst=burst,
+            slo=parse_slos(slo or []),
         )
         if mode not in ("des", "live"):
             raise WorkloadSpecError(f"--mode must be des or live, not {mode!r}")
@@ -100,7 +112,7 @@ def bench(
 def _change(key: str, v: float | None) -> str:
     if v is None:
         return "—"
-    if key == "perf_per_dollar":
+    if key in RATIOS:
         return f"{v:.2f}×"
     return f"{v:+.0%}".replace("-", "−")
 
@@ -112,7 +124,7 @@ def print_tables(doc: dict[str, Any]) -> None:
     arrivals = "burst at t = 0" if s["load"] is None else f"Poisson at {s['load']:g} × vLLM's saturated rate"
     head = (
         f"{s['profile']}, n = {s['n']}, seed {s['seed']}, {arrivals}; TetriInfer {split['prefill']}P+{split['decode']}D"
-        f" vs vLLM ×{s['vanilla_instances']}"
+        f" vs vLLM ×{s['vanilla_instances']}; SLO {s['slo']['label']}"
     )
     table(
         f"TetriInfer vs vLLM (DES): change — {head}",
@@ -171,7 +183,7 @@ def print_ablations(a: dict[str, Any]) -> None:
     table(
         f"ablation 3 — instance flips, {f['workload']}, start {split['prefill']}P+{split['decode']}D,"
         f" window {f['window_s']:g}s",
-        ["system", "avg TTFT (s)", "avg JCT (s)", "p99 JCT (s)", "makespan (s)", "usage (GPU·s)", "flips"],
+        ["system", "avg TTFT (s)", "avg JCT (s)", "p99 JCT (s)", "makespan (s)", "cost (GPU·s)", "flips"],
         [
             (
                 r["system"],
@@ -179,7 +191,7 @@ def print_ablations(a: dict[str, Any]) -> None:
                 r["avg_jct_s"],
                 r["p99_jct_s"],
                 r["makespan_s"],
-                r["resource_usage_s"],
+                r["cost_gpu_s"],
                 ", ".join(f"{x['instance']} {x['from']}→{x['to']} at {x['done_s']:.0f}s" for x in r["flips"]) or "—",
             )
             for r in f["rows"]
@@ -189,7 +201,7 @@ def print_ablations(a: dict[str, Any]) -> None:
 
 def write_plot(doc: dict[str, Any], path: Path) -> None:
     """One panel per headline metric: grouped bars (TetriInfer, vLLM) per workload, on log scales (the
-    workloads differ by orders of magnitude)."""
+    workloads differ by orders of magnitude) unless a value is 0 (no request within the SLOs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,7 +223,8 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
         label = m["label"].replace("$", r"\$")  # not mathtext
         ax.set_title(f"{label} ({m['better']} is better)", fontsize=9)
         ax.set_xticks(x, names, fontsize=8)
-        ax.set_yscale("log")
+        if all(w["systems"][sy][m["key"]] > 0 for w in rows for sy in (TETRI, VANILLA)):
+            ax.set_yscale("log")
         ax.tick_params(axis="y", labelsize=8)
     for k in range(len(metrics), nrows * cols):
         axes[k // cols][k % cols].axis("off")

@@ -87,13 +87,13 @@ def live_runner(time_scale: float = 1.0) -> Runner:
             ids, rows, t_start, preempt = asyncio.run(_run(cluster.url, config, requests, time_scale))
         finally:
             cluster.stop()
-        return _result(requests, ids, rows, t_start, preempt)
+        return _result(requests, ids, rows, t_start, preempt, config.instances)
 
     return run
 
 
 def _result(
-    requests: Sequence[Request], ids: dict[str, str], rows: dict[str, dict], t0: float, preemptions: int
+    requests: Sequence[Request], ids: dict[str, str], rows: dict[str, dict], t0: float, preemptions: int, gpus: int
 ) -> RunResult:
     def m(ts: float | None) -> float | None:  # the cluster clock → model seconds since the replay began
         return None if ts is None else ts - t0
@@ -137,4 +137,4 @@ def _result(
                 span[0], span[1] = min(span[0], ma), max(span[1], mb)
     instances = [InstanceRecord(i, (i.split("-")[0],), s[1] - s[0], s[0], s[1], 0, 0) for i, s in spans.items()]
     makespan = max(r.finish for r in recs) - min(r.arrival for r in recs)
-    return RunResult(recs, instances, [], preemptions, 0, 0, makespan, 0)
+    return RunResult(recs, instances, [], preemptions, 0, 0, makespan, 0, gpus)

@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,8 @@ from tetri.costmodel import CostModel, load_profile
 from tetri.des.cluster import ClusterConfig, simulate
 from tetri.des.experiments import TETRI_POLICY, BenchSetup, ablation_flip, run_bench
 from tetri.des.metrics import HEADLINE, relative_change, summarize
-from tetri.des.records import RunResult
+from tetri.des.records import RequestRecord, RunResult
+from tetri.des.slo import Slo, SloSet, parse_slos, request_class
 from tetri.des.workloads import (
     LIGHT_OUTPUT_MAX,
     LIGHT_PROMPT_MAX,
@@ -307,13 +309,45 @@ def test_lphd_tetri_ttft_lower_than_vanilla():
 def test_metrics_definitions():
     reqs = make_workload("LPLD", 30, seed=0)
     res = simulate(reqs, TETRI)
-    m = summarize(res, price_per_gpu_hour=3.0)
+    slo = SloSet(Slo(ttft_s=0.5, tpot_s=0.05), {"LPHD": Slo(ttft_s=0.01, tpot_s=0.05)})
+    m = summarize(res, price_per_gpu_hour=3.0, slo=slo)
     assert m["avg_ttft_s"] == pytest.approx(sum(r.ttft for r in res.requests) / 30)
-    usage = sum(i.last_activity - i.first_activity for i in res.instances if i.first_activity is not None)
-    assert m["resource_usage_s"] == pytest.approx(usage)
-    assert m["perf_per_dollar"] == pytest.approx(30 / (usage / 3600 * 3.0))
+    tpots = [(r.jct - r.ttft) / (r.output_len - 1) for r in res.requests if r.output_len > 1]
+    assert m["p99_tpot_s"] == pytest.approx(float(np.percentile(tpots, 99)))
+    good = [r for r in res.requests if r.ttft <= 0.5 and r.tpot <= 0.05]  # LPLD: no request is LPHD
+    assert len(good) > 0 and m["within_slo"] == len(good) and m["slo_attainment"] == pytest.approx(len(good) / 30)
+    wall = max(r.finish for r in res.requests) - min(r.arrival for r in res.requests)
+    assert m["wall_s"] == pytest.approx(wall) and m["gpus"] == 2
+    assert m["goodput_rps"] == pytest.approx(len(good) / wall)
+    assert m["cost_gpu_s"] == pytest.approx(2 * wall)  # provisioned GPUs × wall time
+    assert m["busy_s"] == pytest.approx(sum(i.busy_s for i in res.instances)) and m["busy_s"] < m["cost_gpu_s"]
+    assert m["perf_per_dollar"] == pytest.approx(len(good) / (2 * wall / 3600 * 3.0))
     change = relative_change(m, {**m, "avg_ttft_s": m["avg_ttft_s"] * 2, "perf_per_dollar": m["perf_per_dollar"] / 2})
     assert change["avg_ttft_s"] == pytest.approx(-0.5) and change["perf_per_dollar"] == pytest.approx(2.0)
+
+
+def test_a_provisioned_gpu_that_never_runs_still_costs():
+    reqs = make_workload("LPLD", 1, seed=0)
+    res = simulate(reqs, ClusterConfig(instances=3, prefill_instances=1, policy=TETRI_POLICY))
+    idle = [i for i in res.instances if i.first_activity is None]
+    assert len(idle) == 1  # one request: one of the two decode instances never runs
+    m = summarize(res)
+    assert m["gpus"] == 3 and m["cost_gpu_s"] == pytest.approx(3 * m["wall_s"])
+    assert m["active_span_s"] < m["cost_gpu_s"]  # the span-based figure counted the idle GPU as free
+
+
+def test_slos_by_class_and_their_specs():
+    slo = parse_slos(["ttft=2,tpot=0.2", "hpld:ttft=5", "LPHD:tpot=0.05"])
+    assert slo.default == Slo(2.0, 0.2)
+    assert slo.by_class == {"HPLD": Slo(5.0, 0.2), "LPHD": Slo(2.0, 0.05)}
+    assert request_class(600, 20) == "HPLD" and request_class(512, 129) == "LPHD"
+    rec = RequestRecord("r", 0.0, 600, 21, 0.0, 4.0, 4.0, 6.0, "p", "d", 0, None)  # TTFT 4 s, TPOT 0.1 s
+    assert slo.met(rec) and not SloSet(Slo(2.0, 0.2)).met(rec)
+    assert parse_slos([]) == SloSet()
+    for bad, named in (("ttft=0", "ttft"), ("XX:ttft=1", "'XX'"), ("ttft=fast", "'fast'"), ("lat=1", "'lat=1'"),
+                       ("HPLD:", "names no target")):  # fmt: skip
+        with pytest.raises(WorkloadSpecError, match=named):
+            parse_slos([bad])
 
 
 def test_run_bench_is_plain_data():

@@ -536,6 +536,7 @@ class _Sim:
             recomputed_tokens=self._total(2),
             makespan=max((r.finish for r in records), default=0.0),
             events=self.events,
+            gpus=len(self.instances),
         )
 
 

@@ -31,6 +31,7 @@ from tetri.scheduling.policyset import PolicySet
 from .cluster import ClusterConfig, simulate
 from .metrics import HEADLINE, relative_change, summarize
 from .records import RunResult
+from .slo import DEFAULT_SLO, SloSet
 from .workloads import (
     WORKLOADS,
     Request,
@@ -82,6 +83,7 @@ class BenchSetup:
     price: float = 2.0
     load: float = 0.8
     burst: bool = False  # all requests at t = 0 instead of Poisson arrivals
+    slo: SloSet = DEFAULT_SLO  # what goodput and perf/$ count as served well
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -151,8 +153,8 @@ def bench_workload(
     if rate is None:  # the arrival rate is part of the workload: calibrated on the simulator, whatever runs it
         rate = math.inf if setup.burst else calibrated_rate(name, setup, des_runner)
     requests = requests_for(name, setup, rate)
-    tetri = summarize(runner(requests, tetri_config(setup)), setup.price)
-    vanilla = summarize(runner(requests, vanilla_config(setup)), setup.price)
+    tetri = summarize(runner(requests, tetri_config(setup)), setup.price, setup.slo)
+    vanilla = summarize(runner(requests, vanilla_config(setup)), setup.price, setup.slo)
     return {
         "workload": name,
         "rate_rps": None if math.isinf(rate) else rate,  # None: a burst at t = 0
@@ -186,6 +188,7 @@ def run_bench(
             "n": setup.n,
             "seed": setup.seed,
             "price_per_gpu_hour": setup.price,
+            "slo": setup.slo.to_dict(),
             "load": None if setup.burst else setup.load,
             "arrivals": "burst at t = 0" if setup.burst else "Poisson",
             "tetri_policy": TETRI_POLICY.to_dict(),
@@ -208,7 +211,7 @@ def ablation_chunking(setup: BenchSetup, runner: Runner = des_runner) -> dict[st
     for chunked in (False, True):
         for order in ("fcfs", "sjf"):
             cfg = tetri_config(setup, TETRI_POLICY.changed(prefill_policy=order), chunked=chunked)
-            m = summarize(runner(requests, cfg), setup.price)
+            m = summarize(runner(requests, cfg), setup.price, setup.slo)
             rows.append(
                 {
                     "prefill": "chunked" if chunked else "fixed batch",
@@ -256,7 +259,7 @@ def ablation_predictor(setup: BenchSetup, runner: Runner = des_runner) -> dict[s
                 reserve_point=point,
             )
             res = runner(requests, tetri_config(setup, pol))
-            m = summarize(res, setup.price)
+            m = summarize(res, setup.price, setup.slo)
             decode_time = sum(r.finish - r.decode_start for r in res.requests if r.decode_start is not None)
             rows.append(
                 {
@@ -296,7 +299,7 @@ def ablation_flip(
     for label, flip in (("fixed split", "off"), ("flips (idle watcher)", "idle")):
         pol = TETRI_POLICY.changed(flip_policy=flip, flip_window_s=window_s)
         res = runner(requests, tetri_config(hw, pol))
-        m = summarize(res, setup.price)
+        m = summarize(res, setup.price, setup.slo)
         rows.append(
             {
                 "system": label,
@@ -304,7 +307,7 @@ def ablation_flip(
                 "avg_jct_s": m["avg_jct_s"],
                 "p99_jct_s": m["p99_jct_s"],
                 "makespan_s": m["makespan_s"],
-                "resource_usage_s": m["resource_usage_s"],
+                "cost_gpu_s": m["cost_gpu_s"],
                 "flips": [
                     {
                         "instance": f.instance_id,

@@ -37,6 +37,12 @@ class RequestRecord:
     def prefill_wait(self) -> float:
         return self.prefill_start - self.arrival
 
+    @property
+    def tpot(self) -> float:
+        """Time per output token after the first, (JCT − TTFT) / (output − 1) (DistServe's, FACTS); 0 for a
+        one-token answer (it has no decode)."""
+        return (self.finish - self.first_token) / (self.output_len - 1) if self.output_len > 1 else 0.0
+
 
 @dataclass(frozen=True)
 class InstanceRecord:
@@ -80,5 +86,10 @@ class RunResult:
     preemptions: int
     padding_tokens: int  # chunk padding: prefill compute spent on no token
     recomputed_tokens: int  # KV rebuilt after preemptions
-    makespan: float
+    makespan: float  # first arrival → last finish: the wall time the provisioned GPUs are paid for
     events: int
+    gpus: int = 0  # instances provisioned (one GPU each), whether or not they ever ran; 0: len(instances)
+
+    @property
+    def provisioned(self) -> int:
+        return self.gpus or len(self.instances)
