@@ -2,7 +2,7 @@
 
     python bench/vllm_serving_bench.py [--model DIR] [--requests 50] [--rate 10] [--seed 0]
         [--patterns burst,poisson,sequential] [--systems vllm,colocated,disaggregated] [--json FILE]
-        [--omp-bind 1/0] [--rounds 1]
+        [--engine-cpus 1/0] [--rounds 1]
 
 One system runs at a time, each on the same engine options (float32, block size 32, max model len 1024,
 no prefix caching, enforce eager, max-num-batched-tokens 512, VLLM_CPU_KVCACHE_SPACE=1 GiB):
@@ -10,7 +10,7 @@ no prefix caching, enforce eager, max-num-batched-tokens 512, VLLM_CPU_KVCACHE_S
                     mirroring what Tetri's engine passes to vLLM (workers/engines/vllm/engine.py `_engine_args`);
   * colocated     — Tetri's daemon (`--mode colocated`) and one vLLM worker doing both phases;
   * disaggregated — Tetri's daemon, one prefill and one decode vLLM worker, KV handed over by
-                    ExampleConnector through a temporary store (emptied between patterns).
+                    HostKVConnector through a temporary store on /dev/shm.
 Without --model a tiny random Llama (vocab 512) is written to a temporary directory.
 
 The probe: `--requests` requests, prompts of 16–400 random token ids (1..500), 8–48 output tokens, seeded;
@@ -188,7 +188,7 @@ def vllm_server(model: Path, root: Path) -> Iterator[str]:
     with log.open("w") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
-            stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=f, stderr=subprocess.STDOUT, process_group=0,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -204,8 +204,9 @@ def vllm_server(model: Path, root: Path) -> Iterator[str]:
 
 
 @contextmanager
-def tetri(mode: str, model: Path, root: Path, omp_bind: str | None = None) -> Iterator[str]:
+def tetri(mode: str, model: Path, root: Path, engine_cpus: str | None = None) -> Iterator[str]:
     state = Path(tempfile.mkdtemp(dir=root, prefix=f"{mode}-"))
+    kv_store = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="tetri-kv-"))
     log = (root / f"tetri-{mode}.log").open("w")
     daemon_args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state), "--mode", mode]
     daemon = spawn("daemon.main", daemon_args, stderr=log)
@@ -215,17 +216,18 @@ def tetri(mode: str, model: Path, root: Path, omp_bind: str | None = None) -> It
         roles = ["colocated"] if mode == "colocated" else ["prefill", "decode"]
         common = ["--engine", "vllm", "--model", str(model), "--daemon", ready["grpc"], "--dtype", DTYPE]
         common += ["--block-size", str(BLOCK), "--max-model-len", str(MAX_LEN), "--chunk-size", str(BATCHED)]
-        common += ["--kv-connector", "ExampleConnector", "--kv-store", str(root / "kv")]
-        binds = dict(zip(("prefill", "decode"), omp_bind.split("/"), strict=True)) if omp_bind else {}
+        common += ["--kv-connector", "HostKVConnector", "--kv-store", str(kv_store)]
+        cpus = dict(zip(("prefill", "decode"), engine_cpus.split("/"), strict=True)) if engine_cpus else {}
         for role in roles:
-            env = {"VLLM_CPU_OMP_THREADS_BIND": binds[role]} if role in binds else None
-            procs.append(spawn("workers.main", ["--role", role, *common], env, stderr=log))
+            pin = ["--engine-cpus", cpus[role]] if role in cpus else []
+            procs.append(spawn("workers.main", ["--role", role, *common, *pin], stderr=log))
         for p, role in zip(procs[1:], roles, strict=True):
             wait_ready(p, role, timeout=600)
         yield ready["url"]
     finally:
         stop_all(procs, grace=30)
         log.close()
+        shutil.rmtree(kv_store, ignore_errors=True)
 
 
 # --- report -------------------------------------------------------------------------------------------------
@@ -298,10 +300,10 @@ def main() -> None:
         "the rounds, and each round's ratios of means are printed (this machine's speed drifts between runs)",
     )
     ap.add_argument(
-        "--omp-bind",
+        "--engine-cpus",
         metavar="P/D",
-        help="disaggregated: VLLM_CPU_OMP_THREADS_BIND of the prefill / decode engine, e.g. 1/0 on 2 cores "
-        "(default: vLLM's own binding, which puts both engines' threads on all cores)",
+        help="disaggregated: the cores of the prefill / decode engine (the workers' --engine-cpus), e.g. 1/0 on "
+        "2 cores (default: anywhere, with vLLM's own binding, which puts both engines' threads on all cores)",
     )
     args = ap.parse_args()
     args.patterns = [p for p in args.patterns.split(",") if p]
@@ -326,12 +328,10 @@ def main() -> None:
         for n in range(args.rounds):
             rounds.append({})
             for system in args.systems:
-                start = vllm_server(model, root) if system == "vllm" else tetri(system, model, root, args.omp_bind)
+                start = vllm_server(model, root) if system == "vllm" else tetri(system, model, root, args.engine_cpus)
                 print(f"round {n + 1}, {LABEL[system]}: starting", file=sys.stderr, flush=True)
                 with start as url:
                     for pattern in args.patterns:
-                        for folder in (root / "kv").glob("*"):  # each pattern stores its KV afresh
-                            shutil.rmtree(folder, ignore_errors=True)
                         times = arrivals(pattern, len(reqs), args.rate, args.seed)
                         t0 = time.perf_counter()
                         got = asyncio.run(run_pattern(url, reqs, times))

@@ -294,8 +294,13 @@ def test_worker_bad_engine() -> None:
         load_worker_settings(engine="vllm", model="/m", on_missing_kv="shrug")
     with pytest.raises(ConfigError, match="model: --engine vllm needs"):
         load_worker_settings(engine="vllm")
-    s = load_worker_settings(engine="vllm", model="/m", kv_both=True, chunk_size=256)
-    assert (s.engine, s.kv_connector, s.kv_both, s.chunk_size) == ("vllm", "ExampleConnector", True, 256)
+    with pytest.raises(ConfigError, match="kv_connector"):  # replaced by HostKVConnector (docs/vllm.md)
+        load_worker_settings(engine="vllm", model="/m", kv_connector="ExampleConnector")
+    with pytest.raises(ConfigError, match="engine_cpus"):
+        load_worker_settings(engine="vllm", model="/m", engine_cpus="0;1")
+    s = load_worker_settings(engine="vllm", model="/m", kv_both=True, chunk_size=256, engine_cpus="0,2-3")
+    assert (s.engine, s.kv_connector, s.kv_both, s.chunk_size) == ("vllm", "HostKVConnector", True, 256)
+    assert s.engine_cpus == "0,2-3"
 
 
 def test_settings_classes_forbid_extra() -> None:

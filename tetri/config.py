@@ -127,10 +127,15 @@ class WorkerSettings(BaseSettings):
         "model directory (vllm), the built-in byte tokenizer (sim). With a sim engine, its token ids stay "
         "within that tokenizer's vocabulary.",
     )
-    kv_connector: Literal["ExampleConnector", "NixlConnector", "P2pNcclConnector"] = Field(
-        "ExampleConnector", description="vllm: the KV connector (docs/vllm.md)."
+    kv_connector: Literal["HostKVConnector", "NixlConnector", "P2pNcclConnector"] = Field(
+        "HostKVConnector", description="vllm: the KV connector (docs/vllm.md)."
     )
-    kv_store: str = Field("/tmp/tetri-kv", description="vllm + ExampleConnector: the shared KV storage path.")
+    kv_store: str = Field(
+        "/dev/shm/tetri-kv", description="vllm + HostKVConnector: the KV storage path both engines share (a tmpfs)."
+    )
+    kv_lease_s: float = Field(
+        60.0, gt=0, description="vllm + HostKVConnector: a hand-over no decode engine loaded within this is removed."
+    )
     kv_both: bool = Field(False, description="vllm: connector role kv_both, so a flip keeps the engine.")
     on_missing_kv: Literal["error", "recompute"] = Field(
         "error", description="vllm decode: a hand-over whose KV never arrives fails, or recomputes the prompt."
@@ -143,8 +148,16 @@ class WorkerSettings(BaseSettings):
     idle_spin_s: float | None = Field(
         None,
         ge=0,
-        description="vllm: how long the engine's idle processes busy-wait for the next message (vLLM's own: "
-        "1 s); default 0 for prefill and decode (engines sharing cores), vLLM's for colocated.",
+        description="vllm: how long the engine's idle processes busy-wait for the next message before they park "
+        "(vLLM's own: 1 s); default 0.005 for prefill (bursty: it must not spin on cores others need), vLLM's "
+        "for decode and colocated.",
+    )
+    engine_cpus: str | None = Field(
+        None,
+        pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$",
+        description="vllm: the CPU cores (e.g. `0`, `2-5,8`) the engine's processes run on, its compute threads "
+        "bound to them (VLLM_CPU_OMP_THREADS_BIND unless set); default: anywhere, vLLM's own binding. Engines "
+        "sharing a host get disjoint cores (docs/vllm.md).",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm on GPUs: memory share to use.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

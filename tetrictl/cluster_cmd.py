@@ -76,9 +76,11 @@ def worker_start(
         typer.Option(help="A local tokenizer directory for the daemon (default: the model's; sim: built-in bytes)."),
     ] = None,
     kv_connector: Annotated[
-        str | None, typer.Option(help="vllm: ExampleConnector, NixlConnector or P2pNcclConnector.")
+        str | None, typer.Option(help="vllm: HostKVConnector (default), NixlConnector or P2pNcclConnector.")
     ] = None,
-    kv_store: Annotated[str | None, typer.Option(help="vllm + ExampleConnector: shared KV storage path.")] = None,
+    kv_store: Annotated[
+        str | None, typer.Option(help="vllm + HostKVConnector: the KV path both engines share (a tmpfs).")
+    ] = None,
     kv_both: Annotated[bool, typer.Option("--kv-both", help="vllm: kv_both connector role (flips in place).")] = False,
     on_missing_kv: Annotated[str | None, typer.Option(help="vllm decode: error or recompute.")] = None,
     chunk_size: Annotated[int | None, typer.Option(help="vllm: max_num_batched_tokens (ChunkSize).")] = None,

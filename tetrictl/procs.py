@@ -40,7 +40,7 @@ def spawn(
         stderr=stderr,
         text=True,
         env=env,
-        start_new_session=True,
+        process_group=0,
         preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
 

@@ -80,6 +80,7 @@ def _engine(settings: WorkerSettings, instance_id: str) -> Engine:
             model=settings.model,
             connector=settings.kv_connector,
             kv_store=settings.kv_store,
+            kv_lease_s=settings.kv_lease_s,
             kv_both=settings.kv_both,
             on_missing_kv=settings.on_missing_kv,
             kv_wait_s=settings.kv_wait_s,
@@ -90,6 +91,7 @@ def _engine(settings: WorkerSettings, instance_id: str) -> Engine:
             gpu_memory_utilization=settings.gpu_memory_utilization,
             dtype=settings.dtype,
             idle_spin_s=settings.idle_spin_s,
+            engine_cpus=settings.engine_cpus,
         )
         return VllmEngine(opts, settings.role, instance_id)
     raise ValueError(f"unknown engine {settings.engine!r}")
@@ -209,10 +211,13 @@ if __name__ == "__main__":
         ap.add_argument(f"--{flag}")
     for flag in ("kv-store", "on-missing-kv", "profiles-file", "dtype", "served-model-name", "tokenizer"):
         ap.add_argument(f"--{flag}")
+    for flag in ("engine-cpus",):
+        ap.add_argument(f"--{flag}")
     ap.add_argument("--kv-both", action="store_true", default=None)
     for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
         ap.add_argument(f"--{flag}", type=int)
     ap.add_argument("--kv-wait-s", type=float)
+    ap.add_argument("--kv-lease-s", type=float)
     ap.add_argument("--idle-spin-s", type=float)
     ap.add_argument("--port", type=int)
     ap.add_argument("--advertise")
@@ -247,7 +252,9 @@ if __name__ == "__main__":
             kv_both=a.kv_both,
             on_missing_kv=a.on_missing_kv,
             kv_wait_s=a.kv_wait_s,
+            kv_lease_s=a.kv_lease_s,
             idle_spin_s=a.idle_spin_s,
+            engine_cpus=a.engine_cpus,
             chunk_size=a.chunk_size,
             max_model_len=a.max_model_len,
             block_size=a.block_size,

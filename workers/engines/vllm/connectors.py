@@ -1,12 +1,10 @@
 """vLLM KV connectors, by name: how each is configured per role and what travels with a hand-over.
 
-* ``ExampleConnector`` — a shared storage path (one host, or a shared filesystem): the producer writes
-  the KV of the prompt's whole blocks, short of its last token, as safetensors under a folder named by
-  a hash of those tokens; the consumer, given ``prompt + [first token]``, finds the folder and injects
-  the KV, computing only the rest. Folders are not removed after loading (the same prompt may be in
-  flight twice); the store is the operator's to clean.
-  For single-host CPU runs and the tests. The engine checks the folder before decoding (a missing one is
-  an error or a recompute, per ``on_missing_kv``).
+* ``HostKVConnector`` — Tetri's (`hostkv`): a prefill and a decode engine sharing a filesystem (one host:
+  a tmpfs; or a shared mount). The prefill engine writes the KV of the whole prompt to a folder named by
+  the hand-over's key; the decode engine loads all of it, removes the folder and computes only the first
+  token. For single-host runs (the CPU, the tests). Folders the decode side never loads (a failed
+  hand-over) are removed by the prefill engine after ``kv_lease_s``.
 * ``NixlConnector`` — GPU clusters: the decode side pulls the KV over NIXL (UCX/RDMA) from the prefill
   side; the producer's output carries ``kv_transfer_params`` (remote engine, blocks, host, port) that
   the consumer's request must carry back.
@@ -23,8 +21,23 @@ import json
 import os
 from typing import Any
 
-CONNECTORS = ("ExampleConnector", "NixlConnector", "P2pNcclConnector")
+HOST_KV = "HostKVConnector"
+CONNECTORS = (HOST_KV, "NixlConnector", "P2pNcclConnector")
 PARAMS_KEY = "kv_transfer_params"  # KVHandle.params key: the producer's transfer parameters, JSON
+KEY = "kv_key"  # KVHandle.params key (HostKVConnector): the hand-over's folder
+STORE = "tetri_store"  # kv_transfer_params key on a prefill request (HostKV): the hand-over to write
+LOAD = "tetri_load"  # on a decode request: the hand-over to read
+
+
+def kv_file(store: str, key: str) -> str:
+    """The file of one HostKV hand-over (keys are the prefill engine's own: hex, no path parts). It
+    appears whole (written aside, then renamed) once the prompt's step is done."""
+    return os.path.join(store, os.path.basename(key) + ".kv")
+
+
+def complete(store: str, key: str) -> bool:
+    """Whether that hand-over's KV is all written."""
+    return os.path.exists(kv_file(store, key))
 
 
 def kv_role(role: str, kv_both: bool) -> str | None:
@@ -45,27 +58,36 @@ def transfer_config(
     if r is None:
         return None
     cfg: dict[str, Any] = {"kv_connector": connector, "kv_role": r, "kv_connector_extra_config": dict(extra)}
-    if connector == "ExampleConnector":
+    if connector == HOST_KV:
+        cfg["kv_connector_module_path"] = "workers.engines.vllm.hostkv"
         cfg["kv_connector_extra_config"].setdefault("shared_storage_path", store)
+        # a hand-over whose folder vanished (its lease ran out) is recomputed, not an engine failure
+        cfg["kv_load_failure_policy"] = "recompute"
     return cfg
 
 
-def prefill_params(connector: str) -> dict[str, Any] | None:
-    """kv_transfer_params on the prefill request (NIXL/NCCL: keep the blocks for a remote decode)."""
-    if connector == "ExampleConnector":
-        return None
+def prefill_params(connector: str, key: str) -> dict[str, Any]:
+    """kv_transfer_params on the prefill request: where to store the KV (HostKV), or NIXL/NCCL's "keep the
+    blocks for a remote decode"."""
+    if connector == HOST_KV:
+        return {STORE: key}
     return {"do_remote_decode": True, "do_remote_prefill": False}
 
 
-def handoff_params(connector: str, produced: dict[str, Any] | None) -> dict[str, str]:
+def handoff_params(connector: str, key: str, produced: dict[str, Any] | None) -> dict[str, str]:
     """What the KVHandle carries to the decode worker."""
-    if connector == "ExampleConnector" or not produced:
+    if connector == HOST_KV:
+        return {"connector": connector, KEY: key}
+    if not produced:
         return {"connector": connector}
     return {"connector": connector, PARAMS_KEY: json.dumps(produced)}
 
 
 def decode_params(kv_params: dict[str, str]) -> dict[str, Any] | None:
-    """kv_transfer_params on the decode request: the producer's parameters, if the connector has any."""
+    """kv_transfer_params on the decode request: where to load the KV from (HostKV), or the producer's
+    parameters (NIXL/NCCL); None: nothing to load."""
+    if kv_params.get(KEY):
+        return {LOAD: kv_params[KEY]}
     raw = kv_params.get(PARAMS_KEY)
     if not raw:
         return None
@@ -73,34 +95,3 @@ def decode_params(kv_params: dict[str, str]) -> dict[str, Any] | None:
     params["do_remote_prefill"] = True
     params["do_remote_decode"] = False
     return params
-
-
-def empty_prefix_folder(store: str) -> str:
-    """The folder ExampleConnector writes (with no KV in it) for a prompt shorter than a block."""
-    import torch
-    from vllm.utils.hashing import safe_hash
-
-    return os.path.join(
-        store, safe_hash(torch.tensor([], dtype=torch.int64).numpy().tobytes(), usedforsecurity=False).hexdigest()
-    )
-
-
-def example_folder(store: str, prompt: list[int], block_size: int) -> str | None:
-    """Where ExampleConnector keeps the KV of ``prompt`` (None: too short to store a whole block).
-
-    ``prompt`` is the consumer's (the original prompt plus the first token). Mirrors the connector's own
-    naming (a hash of the int64 bytes of the block-aligned tokens); `tests/vllm` checks the two agree on
-    real files."""
-    import torch
-    from vllm.utils.hashing import safe_hash
-
-    n = (len(prompt) - 2) // block_size * block_size  # ExampleConnector's align_to_block_size(len - 1)
-    if n <= 0:
-        return None
-    digest = safe_hash(torch.tensor(prompt)[:n].numpy().tobytes(), usedforsecurity=False).hexdigest()
-    return os.path.join(store, digest)
-
-
-def stored_tokens(prompt_len: int, block_size: int) -> int:
-    """Prompt tokens whose KV ExampleConnector hands over: the whole blocks before the prompt's last token."""
-    return max(0, (prompt_len - 1) // block_size * block_size)

@@ -4,8 +4,8 @@
   PrefillSchedBatch groups) and are handed to vLLM in that order while the prompt tokens in vLLM stay
   within ChunkSize; each runs with ``max_tokens=1`` and the KV connector as producer. The first token
   and the connector's transfer parameters make the `PrefillOutput`.
-* decode role: ``load_kv`` checks the KV is there (ExampleConnector: the producer's folder, waiting up
-  to ``kv_wait_s``; a missing one is an `EngineError` or a recompute, per ``on_missing_kv``);
+* decode role: ``load_kv`` checks the KV is there (HostKVConnector: the hand-over's folder is complete,
+  waiting up to ``kv_wait_s``; a missing one is an `EngineError` or a recompute, per ``on_missing_kv``);
   ``decode`` waits for our admission policy (`tetri.scheduling.admission.admit` over this engine's KV
   capacity, blocks × block size; the instance scheduler's "remaining" rule), then continues
   ``prompt + [first token]`` with the connector as consumer, streaming tokens. vLLM reports how many
@@ -25,8 +25,8 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -50,6 +50,20 @@ IDLE_SPIN_S = 0.005  # prefill/decode engines: spin this long after a message, t
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
+OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def parse_cpus(spec: str | None) -> set[int]:
+    """ "0", "2-5,8" → {0}, {2, 3, 4, 5, 8}; None or "" → set() (no restriction)."""
+    cpus: set[int] = set()
+    for part in (spec or "").split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def _model_max_len(model_dir: str) -> int:
     cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     return int(cfg.get("max_position_embeddings") or 2048)
@@ -58,8 +72,9 @@ def _model_max_len(model_dir: str) -> int:
 @dataclass(frozen=True)
 class VllmOptions:
     model: str  # a local Hugging Face model directory
-    connector: str = "ExampleConnector"
-    kv_store: str = "/tmp/tetri-kv"  # ExampleConnector's shared storage path
+    connector: str = "HostKVConnector"
+    kv_store: str = "/dev/shm/tetri-kv"  # HostKVConnector's shared storage path (a tmpfs on one host)
+    kv_lease_s: float = 60.0  # HostKVConnector: a hand-over no decode engine loaded within this is removed
     kv_both: bool = False  # one connector role for both phases: flips keep the engine
     on_missing_kv: str = "error"  # error | recompute
     kv_wait_s: float = 5.0
@@ -71,10 +86,13 @@ class VllmOptions:
     enforce_eager: bool = True
     dtype: str = "auto"  # weights and KV: auto (the model's), float32, bfloat16, float16
     connector_extra: tuple[tuple[str, Any], ...] = ()
-    # how long the engine's idle processes busy-wait for the next message before they nap between checks
-    # (`plugin`); None: vLLM's own (1 s). Disaggregated roles default to IDLE_SPIN_S: a prefill and a
-    # decode engine sharing cores must not spin on each other's time
+    # how long the engine's idle processes busy-wait for the next message before they park (`plugin`);
+    # None: vLLM's own (1 s), except a prefill engine's, which defaults to IDLE_SPIN_S: it runs one step
+    # per prompt and would otherwise spin a second after each on cores the decode engine needs. A decode
+    # engine runs a step after another and keeps vLLM's spin (parking between steps costs each a wake-up).
     idle_spin_s: float | None = None
+    # the CPU cores the engine's processes run on (`parse_cpus`: "0", "2-5,8"); None: anywhere
+    engine_cpus: str | None = None
 
 
 class _Stats:
@@ -143,6 +161,7 @@ class VllmEngine(Engine):
         self._loaded: dict[str, int] = {}
         self._params: dict[str, dict[str, str]] = {}  # request id → the KV handle's transfer parameters
         self._recent: deque[tuple[float, int]] = deque()
+        self._stored: deque[tuple[float, str]] = deque()  # HostKV hand-overs written here: (time, key)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def _engine_args(self) -> Any:
@@ -151,13 +170,14 @@ class VllmEngine(Engine):
 
         o = self.options
         kv = connectors.transfer_config(o.connector, self.role, o.kv_both, o.kv_store, dict(o.connector_extra))
-        if kv is not None and o.connector == "ExampleConnector":
+        host_kv = kv is not None and o.connector == connectors.HOST_KV
+        if host_kv:
             os.makedirs(o.kv_store, exist_ok=True)
         batched = o.chunk_size
-        if kv is not None and o.connector == "ExampleConnector" and kv["kv_role"] != "kv_consumer":
-            # ExampleConnector stores a prompt's KV when its prefill is first scheduled: a prompt split
-            # over iterations would be stored short under its full name. So a storing engine fits any
-            # prompt in one iteration, and ChunkSize bounds what this worker hands to vLLM at once.
+        if host_kv and kv is not None and kv["kv_role"] != "kv_consumer":
+            # HostKVConnector stores a prompt's KV in the step that first schedules it: a prompt split over
+            # iterations would be stored short. So a storing engine fits any prompt in one iteration, and
+            # ChunkSize bounds what this worker hands to vLLM at once.
             batched = max(o.chunk_size, o.max_model_len or _model_max_len(o.model))
         self._batched = batched
         kwargs: dict[str, Any] = {
@@ -186,13 +206,28 @@ class VllmEngine(Engine):
 
         args = self._engine_args()
         spin = self.options.idle_spin_s
-        if spin is None and self.role != "colocated":
+        if spin is None and self.role == "prefill":
             spin = IDLE_SPIN_S
-        if spin is None:  # the engine's processes inherit the environment (plugin.ENV) when they start
+        # the engine's processes inherit this process's environment (plugin.ENV, the OpenMP binding)
+        if spin is None:
             os.environ.pop(plugin.ENV, None)
         else:
             os.environ[plugin.ENV] = repr(spin)
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory])
+        cpus = parse_cpus(self.options.engine_cpus)
+        if cpus:
+            os.environ.setdefault(OMP_BIND, ",".join(map(str, sorted(cpus))))
+
+        def create() -> Any:
+            # the engine's processes inherit the affinity of the thread that starts them
+            saved = os.sched_getaffinity(0)
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            try:
+                return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.factory])
+            finally:
+                os.sched_setaffinity(0, saved)
+
+        self._llm = await asyncio.to_thread(create)
         cfg = self._llm.vllm_config
         self.max_model_len = int(cfg.model_config.max_model_len)
         self.vocab_size = int(cfg.model_config.get_vocab_size())
@@ -242,7 +277,8 @@ class VllmEngine(Engine):
             await fut  # our prefill order hands the prompt to vLLM
             if self._llm is None:
                 raise EngineError(f"engine {self.instance_id} stopped")
-            sp = self._sampling(req, 1, connectors.prefill_params(self.options.connector))
+            key = uuid.uuid4().hex  # this hand-over's own (HostKV: its folder)
+            sp = self._sampling(req, 1, connectors.prefill_params(self.options.connector, key))
             first, out = None, None
             self._active += 1
             try:
@@ -260,31 +296,25 @@ class VllmEngine(Engine):
             self._prefill_inflight.pop(req.request_id, None)
             self._pump_prefill()
         self._count(1)
+        n = req.prompt_len  # the whole prompt's KV is handed over
+        if self.options.connector == connectors.HOST_KV:
+            self._lease(key)
+            if not connectors.complete(self.options.kv_store, key):
+                n = 0  # vLLM did not store it (it cannot fail quietly, but say so if it did)
         produced = getattr(out, "kv_transfer_params", None)
-        n = connectors.stored_tokens(req.prompt_len, self.block_size)
-        if not n:
-            self._drop_empty_prefix()
-        if self.options.connector == "ExampleConnector" and n:
-            folder = connectors.example_folder(self.options.kv_store, [*req.prompt_token_ids, first], self.block_size)
-            if folder is None or not os.path.isdir(folder):
-                # ExampleConnector skips the store when a folder for a prefix one block shorter exists
-                # (its own check looks one block short when the prompt is 1 past a block edge): nothing
-                # was handed over, so say so and let the decode side compute the prompt
-                n = 0
-            elif req.prompt_len % self.block_size == 0:
-                # a prompt of whole blocks: the consumer would find this folder but load one block more
-                # than it holds (its load aligns the prompt plus the first token) and fail; hand over
-                # nothing instead, and remove the folder so the consumer computes the prompt
-                shutil.rmtree(folder, ignore_errors=True)
-                n = 0
-        kv = KVHandle(
-            req.request_id,
-            n,
-            n * self._kv_bytes_per_token(),
-            self.instance_id,
-            connectors.handoff_params(self.options.connector, produced),
-        )
+        params = connectors.handoff_params(self.options.connector, key, produced)
+        kv = KVHandle(req.request_id, n, n * self._kv_bytes_per_token(), self.instance_id, params)
         return PrefillOutput(first, kv)
+
+    def _lease(self, key: str) -> None:
+        """Remember a stored hand-over and remove those older than ``kv_lease_s`` that no decode engine
+        loaded (a decode engine removes what it loads): a hand-over that failed leaves nothing behind."""
+        now = time.monotonic()
+        self._stored.append((now, key))
+        while self._stored and now - self._stored[0][0] > self.options.kv_lease_s:
+            _, old = self._stored.popleft()
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(connectors.kv_file(self.options.kv_store, old))
 
     def _pump_prefill(self) -> None:
         """Hand queued prompts to vLLM in policy order while their tokens fit ChunkSize."""
@@ -307,23 +337,23 @@ class VllmEngine(Engine):
         self._check_role("load_kv", "decode")
         self._validate(req)
         self._params[req.request_id] = dict(kv.params)
-        if self.options.connector != "ExampleConnector":
-            return  # NIXL / NCCL pull the KV while vLLM schedules the request
-        if kv.num_tokens == 0:
-            return  # nothing was handed over (a prompt within one block): vLLM computes the prompt
-        # the folder hashes whole blocks of the prompt only, so the first token (unknown here) does not matter
-        folder = connectors.example_folder(self.options.kv_store, [*req.prompt_token_ids, 0], self.block_size)
+        key = kv.params.get(connectors.KEY)
+        if self.options.connector != connectors.HOST_KV or not key or kv.num_tokens == 0:
+            return  # NIXL / NCCL pull the KV while vLLM schedules the request; or nothing to load
+        store = self.options.kv_store
         deadline = time.monotonic() + self.options.kv_wait_s
-        while folder is not None and not os.path.isdir(folder):
+        delay = 0.001
+        while not connectors.complete(store, key):  # written before the first token left the prefill side
             if time.monotonic() > deadline:
+                self._params.pop(req.request_id, None)
                 if self.options.on_missing_kv == "recompute":
                     return
-                self._params.pop(req.request_id, None)
                 raise EngineError(
                     f"request {req.request_id}: its KV never arrived from {kv.source_instance_id} "
-                    f"(no {folder} after {self.options.kv_wait_s:g}s)"
+                    f"(no {connectors.kv_file(store, key)} after {self.options.kv_wait_s:g}s)"
                 )
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(delay)
+            delay = min(0.05, delay * 2)
 
     async def decode(self, req: EngineRequest, first_token: int) -> AsyncIterator[int]:
         self._check_role("decode", "decode")
@@ -350,7 +380,6 @@ class VllmEngine(Engine):
                     toks = out.outputs[0].token_ids if out.outputs else []
                     if seen == 0 and out.num_cached_tokens is not None:
                         self._loaded[req.request_id] = int(out.num_cached_tokens)
-                        self._drop_empty_prefix()
                     for t in toks[seen:]:
                         d.produced += 1
                         self._count(1)
@@ -404,15 +433,6 @@ class VllmEngine(Engine):
     def _remaining(d: _Decode, point: str) -> int:
         return remaining(d.req.predicted_output, d.req.max_tokens, 1 + d.produced, point)
 
-    def _drop_empty_prefix(self) -> None:
-        """Remove ExampleConnector's folder for the empty prefix (a prompt within one block stores it, with
-        no KV): while it exists the connector skips storing a prompt one token past a block edge. Safe to
-        remove at any time: loading it loads nothing. Other folders stay (the same prompt may be in flight
-        twice, and a folder another request is about to load must not vanish): the store is the
-        operator's to clean (docs/vllm.md)."""
-        if self.options.connector == "ExampleConnector":
-            shutil.rmtree(connectors.empty_prefix_folder(self.options.kv_store), ignore_errors=True)
-
     def kv_loaded(self, request_id: str) -> int | None:
         """Prompt tokens of a decode whose KV vLLM loaded through the connector (None: not known)."""
         return self._loaded.pop(request_id, None)
@@ -437,9 +457,9 @@ class VllmEngine(Engine):
 
     # --- the rest of the interface ----------------------------------------------------------------------
     async def release_kv(self, request_id: str) -> None:
-        # ExampleConnector: the files stay (the store is the operator's to clean, docs/vllm.md). NIXL/NCCL:
-        # vLLM frees the producer's blocks when the consumer pulls them, or after its own timeout when a
-        # hand-over never happens (not tested here: no GPU)
+        # HostKV: the decode engine removes what it loads, the lease what it never loads (`_lease`).
+        # NIXL/NCCL: vLLM frees the producer's blocks when the consumer pulls them, or after its own timeout
+        # when a hand-over never happens (not tested here: no GPU)
         return
 
     async def abort(self, request_id: str) -> None:
