@@ -4,8 +4,9 @@ daemon adds over calling the workers directly (same requests, same workers, side
     python bench/cluster_bench.py [--requests 3000] [--latency-requests 300] [--concurrency 64] [--time-scale 1000]
 
 Starts a daemon and one prefill + one decode sim worker on loopback (as `tetrictl up` does), then:
-1. latency, one request at a time: N requests straight to the workers over gRPC (prefill Generate,
-   then decode Attach: exactly the daemon's calls), and N through the daemon's HTTP API; the p50/p99
+1. latency, one request at a time: N requests straight to the workers over gRPC (a prefill Generate call,
+   then a decode Attach call, on Serve streams: exactly the daemon's calls), and N through the daemon's
+   HTTP API; the p50/p99
    difference is the control plane's added latency;
 2. throughput: `--requests` short requests from `--concurrency` concurrent clients through the daemon.
 Short requests: 16 prompt tokens, 4 output tokens. Prints tables; asserts nothing.
@@ -21,14 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import httpx
 from rich.console import Console
 from rich.table import Table
 
-from tetri.proto import pb, rpc
-from tetri.proto.peers import auth_metadata
-from tetri.proto.security import open_channel
+from tetri.proto import pb
+from tetri.proto.peers import Peers
+from tetri.proto.serve import ServeStream, ServeStreams
 from tetrictl.procs import start_local_cluster
 
 console = Console(width=120)
@@ -42,29 +42,34 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def direct(prefill_addr: str, n: int, token: str | None) -> list[float]:
-    """The daemon's calls, made straight to the workers (with the cluster token, as the daemon does)."""
+    """The daemon's calls, made straight to the workers on Serve streams (with the cluster token, as the
+    daemon makes them: `tetri.proto.serve`)."""
+
+    async def answers(stream: ServeStream, **op: pb.GenerateRequest | pb.AttachRequest) -> list[pb.TokenChunk]:
+        call, queue = stream.open(**op)
+        got: list[pb.TokenChunk] = []
+        while not got or not (got[-1].finished or got[-1].HasField("handoff")):
+            item = await queue.get()
+            assert isinstance(item, pb.TokenChunk), item
+            got.append(item)
+        stream.leave(call, finished=True)
+        return got
+
     lat = []
-    md = auth_metadata(token)
-    async with open_channel(prefill_addr) as ch:
-        stub = rpc.WorkerStub(ch)
-        decode_channels: dict[str, grpc.aio.Channel] = {}
+    peers = Peers(token)
+    streams = ServeStreams(peers)
+    try:
         for i in range(n):
             t0 = time.perf_counter()
-            handoff = None
-            got = 0
             req = pb.GenerateRequest(request_id=f"direct-{i}", prompt_token_ids=PROMPT, max_tokens=MAX_TOKENS)
-            async for chunk in stub.Generate(req, metadata=md):
-                got += len(chunk.token_ids)
-                if chunk.HasField("handoff"):
-                    handoff = chunk.handoff
-            assert handoff is not None
-            dch = decode_channels.setdefault(handoff.decode_address, open_channel(handoff.decode_address))
-            async for chunk in rpc.WorkerStub(dch).Attach(pb.AttachRequest(request_id=f"direct-{i}"), metadata=md):
-                got += len(chunk.token_ids)
-            assert got == MAX_TOKENS
+            first = await answers(streams.to(prefill_addr), generate=req)
+            handoff = first[-1].handoff
+            rest = await answers(streams.to(handoff.decode_address), attach=pb.AttachRequest(request_id=f"direct-{i}"))
+            assert sum(len(c.token_ids) for c in first + rest) == MAX_TOKENS
             lat.append(time.perf_counter() - t0)
-        for c in decode_channels.values():
-            await c.close()
+    finally:
+        await streams.close()
+        await peers.close()
     return lat
 
 

@@ -10,8 +10,9 @@ chunk), measured at the server, three ways:
   * raw-asgi — a bare ASGI app under uvicorn (the floor under any framework).
 gRPC: a worker-like server sending `--tokens` TokenChunks per request, and this process as the client:
   * call-per-request — a unary-stream call per request, a message per token (Tetri before the Serve stream);
-  * multiplexed — every request a call on one bidirectional stream, a ServeUp to start it, the ready
-    chunks of all calls coalesced per ServeDown message (Tetri's Serve stream, docs/cluster.md).
+  * multiplexed — every request a call on one bidirectional stream, a ServeUp to start it (those queued
+    meanwhile in one ServeUps message), the ready chunks of all calls coalesced per ServeDown message
+    (Tetri's Serve stream, docs/cluster.md).
 
 CPU seconds (utime + stime from /proc) per batch; a = per request and b = per token are solved from a
 batch of 8-token and a batch of 128-token requests. Prints one table.
@@ -114,8 +115,9 @@ class Worker(rpc.WorkerServicer):
                 out.put_nowait(pb.TokenChunk(request_id=rid, call=up.call, token_ids=[i], finished=i == n - 1))
 
         async def read():
-            async for up in request_iterator:
-                asyncio.create_task(run(up))
+            async for msg in request_iterator:
+                for up in msg.ups:
+                    asyncio.create_task(run(up))
 
         reader = asyncio.create_task(read())
         while True:
@@ -200,9 +202,12 @@ async def grpc_batch(address: str, multiplexed: bool, n: int, tokens: int, concu
             up: asyncio.Queue[pb.ServeUp] = asyncio.Queue()
             queues: dict[int, asyncio.Queue[pb.TokenChunk]] = {}
 
-            async def ups() -> AsyncIterator[pb.ServeUp]:
-                while True:
-                    yield await up.get()
+            async def ups() -> AsyncIterator[pb.ServeUps]:
+                while True:  # what queued while the last message was written goes out together
+                    batch = [await up.get()]
+                    while not up.empty():
+                        batch.append(up.get_nowait())
+                    yield pb.ServeUps(ups=batch)
 
             call = rpc.WorkerStub(channel).Serve(ups())
 

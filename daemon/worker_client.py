@@ -5,23 +5,22 @@ sees gRPC or protobuf.
 
 A token stream (`generate`, `attach`) is an async generator: closing it (or leaving it early and letting
 it be collected) cancels the call on the worker. Every token stream to one worker is a call multiplexed
-on one long-lived `Serve` stream (`_Serving`): a request costs one message each way, not a gRPC call, and
-one message carries the chunks of every request the worker had ready (docs/cluster.md, "The Serve
-stream"). The stream breaking ends each call on it with `WorkerCallError`; the next call opens another.
+on one long-lived `Serve` stream (`tetri.proto.serve`): a request costs part of a message each way, not a
+gRPC call (docs/cluster.md, "The Serve stream"). The stream breaking ends each call on it with
+`WorkerCallError`; the next call opens another.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
-from tetri.proto import pb, rpc
+from tetri.proto import pb
 from tetri.proto.peers import Peers
 from tetri.proto.security import NO_TLS, Tls
+from tetri.proto.serve import ServeStreams, StreamBroken
 from tetri.sampling import GREEDY, Sampling
 
 from .cluster import LoadReport
@@ -97,87 +96,29 @@ def _error(e: grpc.aio.AioRpcError) -> WorkerCallError:
     return WorkerCallError(e.code().name, e.details() or "")
 
 
-class _Serving:
-    """One worker's Serve stream: calls numbered on it, each with a queue its chunks are sorted into."""
-
-    def __init__(self, stub: rpc.WorkerStub, metadata: tuple[tuple[str, str], ...]) -> None:
-        self._up: asyncio.Queue[pb.ServeUp | None] = asyncio.Queue()
-        self.calls: dict[int, asyncio.Queue[TokenChunk | WorkerCallError]] = {}
-        self.broken: WorkerCallError | None = None
-        self._next = 0
-        self._call = stub.Serve(self._ups(), metadata=metadata)
-        self._reader = asyncio.create_task(self._read(), name="tetri-serve-reader")
-
-    async def _ups(self) -> AsyncIterator[pb.ServeUp]:
-        while (msg := await self._up.get()) is not None:
-            yield msg
-
-    async def _read(self) -> None:
-        err = WorkerCallError("UNAVAILABLE", "the worker ended its Serve stream")
-        try:
-            async for down in self._call:
-                for c in down.chunks:
-                    queue = self.calls.get(c.call)
-                    if queue is not None:  # a call the daemon left meanwhile: dropped
-                        queue.put_nowait(_chunk(c))
-        except grpc.aio.AioRpcError as e:
-            err = _error(e)
-        except asyncio.CancelledError:
-            err = WorkerCallError("CANCELLED", "the daemon closed the stream")
-            raise
-        finally:
-            self.broken = err
-            for queue in self.calls.values():
-                queue.put_nowait(err)
-
-    def open(
-        self, **op: pb.GenerateRequest | pb.AttachRequest
-    ) -> tuple[int, asyncio.Queue[TokenChunk | WorkerCallError]]:
-        self._next += 1
-        queue: asyncio.Queue[TokenChunk | WorkerCallError] = asyncio.Queue()
-        self.calls[self._next] = queue
-        self._up.put_nowait(pb.ServeUp(call=self._next, **op))
-        return self._next, queue
-
-    def leave(self, call: int, finished: bool) -> None:
-        self.calls.pop(call, None)
-        if not finished and self.broken is None:
-            self._up.put_nowait(pb.ServeUp(call=call, close=True))
-
-    async def close(self) -> None:
-        self._up.put_nowait(None)
-        self._call.cancel()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-
-
 class WorkerClient:
     """Calls to workers; each carries the cluster token (and runs over TLS when configured)."""
 
     def __init__(self, token: str | None = None, tls: Tls = NO_TLS) -> None:
         self._peers = Peers(token, tls)
-        self._serving: dict[str, _Serving] = {}
-
-    def _serve(self, address: str) -> _Serving:
-        s = self._serving.get(address)
-        if s is None or s.broken is not None:
-            s = self._serving[address] = _Serving(self._peers.worker(address), self._peers.metadata)
-        return s
+        self._serving = ServeStreams(self._peers)
 
     async def _stream(
         self, address: str, **op: pb.GenerateRequest | pb.AttachRequest
     ) -> AsyncGenerator[TokenChunk, None]:
-        serving = self._serve(address)
+        serving = self._serving.to(address)
         call, queue = serving.open(**op)
         finished = False
         try:
             while True:
                 item = await queue.get()
-                if isinstance(item, WorkerCallError):
-                    raise item
-                finished = item.finished or item.handoff is not None
-                yield item
+                if isinstance(item, StreamBroken):
+                    raise WorkerCallError(item.code, item.details)
+                if not isinstance(item, pb.TokenChunk):  # the daemon makes no Accept calls
+                    raise WorkerCallError("INTERNAL", f"a {type(item).__name__} on a token stream")
+                chunk = _chunk(item)
+                finished = chunk.finished or chunk.handoff is not None
+                yield chunk
                 if finished:
                     return
         finally:
@@ -248,7 +189,5 @@ class WorkerClient:
         return WorkerInfo(r.instance_id, r.role, r.model, r.max_model_len, load_from_pb(r.load))
 
     async def close(self) -> None:
-        for serving in self._serving.values():
-            await serving.close()
-        self._serving.clear()
+        await self._serving.close()
         await self._peers.close()

@@ -20,6 +20,7 @@ import grpc
 from tetri.gcheap import freeze_startup_heap
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
+from tetri.proto.serve import ServeStreams, StreamBroken
 from tetri.sampling import GREEDY, Sampling
 from tetri.scheduling.dispatch import DecodeLoad, dispatch
 from tetri.scheduling.flip import flip_refusal
@@ -31,6 +32,7 @@ from .engines.base import Engine, EngineError, EngineRequest, KVHandle
 
 log = logging.getLogger(__name__)
 _DONE = object()
+_CANCELLED = object()  # a hand-over's answer when this worker's Cancel stopped it
 
 
 ACCEPT_ATTEMPTS = 3  # decode instances tried before a hand-over fails
@@ -193,7 +195,9 @@ class WorkerService(rpc.WorkerServicer):
         self.decode_view = DecodeView(rng=random.Random(instance_id))
         self.jobs: dict[str, _DecodeJob] = {}  # decode: accepted requests
         self.generating: dict[str, asyncio.Queue[object]] = {}  # colocated: streams in progress
-        self.handing_over: dict[str, grpc.aio.UnaryUnaryCall[pb.AcceptRequest, pb.AcceptReply]] = {}  # prefill
+        # prefill: requests waiting for a decode instance to take their KV -> the Accept call's answer queue
+        self.handing_over: dict[str, asyncio.Queue[object]] = {}
+        self.serving = ServeStreams(peers)  # prefill: this worker's Serve streams to decode workers
         self.prefilling = 0  # prefill: generate calls in progress
         self.state = "active"
         self.policies = PolicySet()
@@ -229,15 +233,27 @@ class WorkerService(rpc.WorkerServicer):
         sampling = _sampling(r)
         return EngineRequest(r.request_id, tuple(r.prompt_token_ids), r.max_tokens, pred, r.resumed_tokens, sampling)
 
-    # --- the daemon's Serve stream ---------------------------------------------------------------------
+    # --- the Serve stream: the daemon's calls, and a prefill worker's hand-overs ------------------------
     async def Serve(
-        self, request_iterator: AsyncIterator[pb.ServeUp], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.ServeUps], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ServeDown]:
-        """Every call the daemon makes on this worker, multiplexed: each `generate`/`attach` runs as its
-        own task, whose chunks (tagged with the call) go out coalesced, one message for all chunks ready;
-        `close` cancels a call (as a client leaving a stream would); the stream ending cancels them all."""
-        out: asyncio.Queue[pb.TokenChunk | None] = asyncio.Queue()
+        """Every call one caller makes on this worker, multiplexed (`tetri.proto.serve`): each
+        `generate`/`attach` runs as its own task, whose chunks (tagged with the call) go out coalesced, one
+        message for all chunks and replies ready; an `accept` is answered by one `AcceptReply`; `close`
+        cancels a call (as a client leaving a stream would); the stream ending cancels them all."""
+        out: asyncio.Queue[pb.TokenChunk | pb.AcceptReply | None] = asyncio.Queue()
         calls: dict[int, asyncio.Task[None]] = {}
+
+        async def answer(call: int, request: pb.AcceptRequest) -> None:
+            try:
+                reply = await self._accept(request)
+            except Exception as e:  # a fault in this call ends it alone, with the reason
+                log.exception("call %d (accept of %s) failed", call, request.request.request_id)
+                reply = pb.AcceptReply(accepted=False, reason=f"worker {self.instance_id}: {type(e).__name__}: {e}")
+            finally:
+                calls.pop(call, None)
+            reply.call = call
+            out.put_nowait(reply)
 
         async def run(call: int, chunks: AsyncIterator[pb.TokenChunk], rid: str) -> None:
             try:
@@ -253,23 +269,26 @@ class WorkerService(rpc.WorkerServicer):
             finally:
                 calls.pop(call, None)
 
+        def start(up: pb.ServeUp) -> None:
+            op = up.WhichOneof("op")
+            if op == "generate":
+                calls[up.call] = asyncio.create_task(run(up.call, self.generate(up.generate), up.generate.request_id))
+            elif op == "attach":
+                calls[up.call] = asyncio.create_task(run(up.call, self.attach(up.attach), up.attach.request_id))
+            elif op == "accept":
+                calls[up.call] = asyncio.create_task(answer(up.call, up.accept))
+            else:  # close
+                task = calls.get(up.call)
+                if task is not None:
+                    task.cancel()
+
         async def read() -> None:
             try:
-                async for up in request_iterator:
-                    op = up.WhichOneof("op")
-                    if op == "generate":
-                        chunks = self.generate(up.generate)
-                        rid = up.generate.request_id
-                    elif op == "attach":
-                        chunks, rid = self.attach(up.attach), up.attach.request_id
-                    else:
-                        task = calls.get(up.call)
-                        if task is not None:
-                            task.cancel()
-                        continue
-                    calls[up.call] = asyncio.create_task(run(up.call, chunks, rid))
+                async for message in request_iterator:
+                    for up in message.ups:
+                        start(up)
             finally:
-                out.put_nowait(None)  # the daemon closed the stream
+                out.put_nowait(None)  # the caller closed the stream
 
         reader = asyncio.create_task(read())
         try:
@@ -285,7 +304,9 @@ class WorkerService(rpc.WorkerServicer):
                         end = True
                         break
                     batch.append(item)
-                yield pb.ServeDown(chunks=batch)
+                chunks = [c for c in batch if isinstance(c, pb.TokenChunk)]
+                replies = [r for r in batch if isinstance(r, pb.AcceptReply)]
+                yield pb.ServeDown(chunks=chunks, replies=replies)
                 if end:
                     return
         finally:
@@ -356,8 +377,9 @@ class WorkerService(rpc.WorkerServicer):
     async def _hand_over(
         self, request: pb.GenerateRequest, rid: str, first_token: int, kv: KVHandle
     ) -> AsyncIterator[pb.TokenChunk]:
-        """The first token, then a decode instance takes the KV (Accept returns once its admission pulled
-        it), then the hand-off chunk; or the reason none did. `Cancel` meanwhile ends it with "abort"."""
+        """The first token, then a decode instance takes the KV (its Accept is answered once its admission
+        pulled it), then the hand-off chunk; or the reason none did. `Cancel` meanwhile ends it with
+        "abort"."""
         yield pb.TokenChunk(request_id=rid, token_ids=[first_token])
         accept = pb.AcceptRequest(
             request=request,
@@ -377,23 +399,26 @@ class WorkerService(rpc.WorkerServicer):
             if target is None:
                 break
             decode_id, address = target
-            # Accept returns once the decode instance has taken the KV (its admission pulled it), which may
-            # wait behind its queue: no deadline. Cancelling the call drops the request there too.
-            call = self.peers.worker(address).Accept(accept, metadata=self.peers.metadata)
-            self.handing_over[rid] = call
+            # an Accept call on this worker's Serve stream to the decode worker, answered once the decode
+            # instance has taken the KV (its admission pulled it), which may wait behind its queue: no
+            # deadline. Leaving the call unanswered drops the request there too.
+            stream = self.serving.to(address)
+            call, answers = stream.open(accept=accept)
+            self.handing_over[rid] = answers
+            got: object = None
             try:
-                reply = await call
-            except grpc.aio.AioRpcError as e:
-                reply = pb.AcceptReply(
-                    accepted=False, reason=f"decode instance {decode_id} unreachable: {e.code().name}"
-                )
-            except asyncio.CancelledError:
-                if call.cancelled() and self.handing_over.get(rid) is None:  # our Cancel RPC did it
-                    yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="abort", error="aborted")
-                    return
-                raise
+                got = await answers.get()
             finally:
                 self.handing_over.pop(rid, None)
+                stream.leave(call, finished=isinstance(got, pb.AcceptReply))
+            if got is _CANCELLED:  # our Cancel RPC
+                yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="abort", error="aborted")
+                return
+            if isinstance(got, StreamBroken):
+                reply = pb.AcceptReply(accepted=False, reason=f"decode instance {decode_id} unreachable: {got.code}")
+            else:
+                assert isinstance(got, pb.AcceptReply)
+                reply = got
             if reply.accepted:
                 yield pb.TokenChunk(
                     request_id=rid, handoff=pb.Handoff(decode_instance_id=decode_id, decode_address=address)
@@ -424,7 +449,9 @@ class WorkerService(rpc.WorkerServicer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.decode_view.updated.wait(), timeout=left)
 
-    async def Accept(self, request: pb.AcceptRequest, context: grpc.aio.ServicerContext) -> pb.AcceptReply:
+    async def _accept(self, request: pb.AcceptRequest) -> pb.AcceptReply:
+        """An Accept call (decode): take over a prefilled request; answered once the engine has taken its
+        KV (or why not). Cancelled (the prefill side left the call), the request is dropped here."""
         if self.role != "decode":
             return pb.AcceptReply(accepted=False, reason=f"instance {self.instance_id} is a {self.role} instance")
         if self.state != "active":
@@ -508,7 +535,7 @@ class WorkerService(rpc.WorkerServicer):
             stream.put_nowait(EngineError("aborted"))
         handover = self.handing_over.pop(rid, None)
         if handover is not None:  # prefilled, waiting for a decode instance to pull the KV: stop that
-            handover.cancel()
+            handover.put_nowait(_CANCELLED)
         await self.engine.abort(rid)
         return pb.CancelReply(found=job is not None or stream is not None or handover is not None)
 
@@ -603,3 +630,4 @@ class WorkerService(rpc.WorkerServicer):
                 with contextlib.suppress(BaseException):
                     await job.task
         self.jobs.clear()
+        await self.serving.close()

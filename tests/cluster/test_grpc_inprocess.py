@@ -123,13 +123,14 @@ def _accept(rid: str, prompt: list[int], max_tokens: int, first_token: int = 7) 
 
 
 class _Call:
-    """One Generate or Attach call on a Serve stream of its own, driven at the wire as the daemon does."""
+    """One Generate, Attach or Accept call on a Serve stream of its own, driven at the wire as the daemon
+    (or a prefill worker) does."""
 
     def __init__(
         self,
         stub: rpc.WorkerStub,
         metadata: tuple[tuple[str, str], ...] = (),
-        **op: pb.GenerateRequest | pb.AttachRequest,
+        **op: pb.GenerateRequest | pb.AttachRequest | pb.AcceptRequest,
     ) -> None:
         self._up: asyncio.Queue[pb.ServeUp | None] = asyncio.Queue()
         self._up.put_nowait(pb.ServeUp(call=1, **op))  # type: ignore[arg-type]
@@ -137,9 +138,20 @@ class _Call:
         self._ready: list[pb.TokenChunk] = []
         self.done = False
 
-    async def _ups(self) -> AsyncIterator[pb.ServeUp]:
+    async def _ups(self) -> AsyncIterator[pb.ServeUps]:
         while (msg := await self._up.get()) is not None:
-            yield msg
+            yield pb.ServeUps(ups=[msg])
+
+    async def reply(self) -> pb.AcceptReply:
+        """An Accept call's one answer; the stream is closed after it."""
+        down = await self._stream.read()
+        assert down is not grpc.aio.EOF, "the Serve stream ended before the call did"
+        (reply,) = down.replies
+        assert reply.call == 1 and not down.chunks
+        self.done = True
+        self._up.put_nowait(None)
+        self._stream.cancel()
+        return reply
 
     async def read(self) -> pb.TokenChunk:
         """The call's next chunk; after its last (finished, or the hand-off), the stream is closed."""
@@ -169,6 +181,11 @@ def _generate(stub: rpc.WorkerStub, request: pb.GenerateRequest) -> _Call:
 
 def _attach(stub: rpc.WorkerStub, rid: str) -> _Call:
     return _Call(stub, attach=pb.AttachRequest(request_id=rid))
+
+
+async def _accept_on(stub: rpc.WorkerStub, request: pb.AcceptRequest) -> pb.AcceptReply:
+    """Hand a request over to a decode worker as a prefill worker does: an Accept call on a Serve stream."""
+    return await _Call(stub, accept=request).reply()
 
 
 async def _collect(call: _Call) -> list[pb.TokenChunk]:
@@ -603,6 +620,7 @@ def test_concurrent_handoffs_spread_over_decode_instances() -> None:
             assert used.count("d2") == 3
             for _, toks, prompt in results:
                 assert toks == [sim_token(prompt, j, VOCAB) for j in range(12)]
+            assert len(p1.service.serving) == 2  # the six hand-overs rode one Serve stream per decode worker
 
             pinned = await _collect(_generate(p1.stub, _gen("pin", _prompt(10), 4, decode_instance_id="d2")))
             assert pinned[-1].handoff.decode_instance_id == "d2"
@@ -657,7 +675,7 @@ def test_cancel_while_the_decode_instance_has_not_pulled_the_kv() -> None:
         async with _worker("prefill", "p1", scale=0.5) as p1, _worker("decode", "d1", scale=0.5) as d1:
             p1.service.decode_view.update(decode_loads(_broadcast(d1)))
             for i in range(4):
-                assert (await d1.stub.Accept(_accept(f"big{i}", _prompt(1000, seed=i), 300))).accepted
+                assert (await _accept_on(d1.stub, _accept(f"big{i}", _prompt(1000, seed=i), 300))).accepted
             call = _generate(p1.stub, _gen("x", _prompt(1000, seed=9), 50))
             assert len((await call.read()).token_ids) == 1  # the first token
             while "x" not in d1.engine.sched:
@@ -671,7 +689,7 @@ def test_cancel_while_the_decode_instance_has_not_pulled_the_kv() -> None:
                 await asyncio.sleep(0.005)
             assert p1.engine.usage().kv_used_tokens == 0
 
-            waiting = asyncio.ensure_future(d1.stub.Accept(_accept("y", _prompt(1000, seed=8), 100)))
+            waiting = asyncio.ensure_future(_accept_on(d1.stub, _accept("y", _prompt(1000, seed=8), 100)))
             while "y" not in d1.engine.sched:
                 await asyncio.sleep(0.005)
             assert (await d1.stub.Cancel(pb.CancelRequest(request_id="y"))).found
@@ -762,7 +780,7 @@ def test_role_checks_accept_generate_info() -> None:
     async def scenario() -> None:
         async with _worker("prefill", "p1") as p1, _worker("decode", "d1") as d1, _worker("colocated", "c1") as c1:
             for node in (p1, c1):
-                reply = await node.stub.Accept(_accept("a1", _prompt(8), 4))
+                reply = await _accept_on(node.stub, _accept("a1", _prompt(8), 4))
                 assert not reply.accepted
                 assert node.service.role in reply.reason
                 assert node.service.jobs == {}
@@ -778,13 +796,13 @@ def test_role_checks_accept_generate_info() -> None:
             assert [(c.finish_reason, "draining" in c.error) for c in chunks] == [("refused", True)]
             p1.service.state = "active"
 
-            assert (await d1.stub.Accept(_accept("dup", _prompt(8), 4))).accepted
-            again = await d1.stub.Accept(_accept("dup", _prompt(8), 4))
+            assert (await _accept_on(d1.stub, _accept("dup", _prompt(8), 4))).accepted
+            again = await _accept_on(d1.stub, _accept("dup", _prompt(8), 4))
             assert not again.accepted
             assert "already" in again.reason
 
             d1.service.state = "draining"
-            draining = await d1.stub.Accept(_accept("late", _prompt(8), 4))
+            draining = await _accept_on(d1.stub, _accept("late", _prompt(8), 4))
             assert not draining.accepted
             assert "draining" in draining.reason
             d1.service.state = "active"
@@ -818,7 +836,8 @@ def test_decode_attach_replays_buffered_tokens() -> None:
     async def scenario() -> None:
         async with _worker("decode", "d1") as d1:
             prompt = _prompt(12)
-            assert (await d1.stub.Accept(_accept("buf", prompt, 20, first_token=sim_token(prompt, 0, VOCAB)))).accepted
+            handed = _accept("buf", prompt, 20, first_token=sim_token(prompt, 0, VOCAB))
+            assert (await _accept_on(d1.stub, handed)).accepted
             while d1.service.jobs["buf"].task is not None and not d1.service.jobs["buf"].task.done():
                 await asyncio.sleep(0.005)
             chunks = await _collect(_attach(d1.stub, "buf"))
@@ -871,7 +890,7 @@ def test_cancel_decode_jobs_found_and_not_found() -> None:
             assert not (await d1.stub.Cancel(pb.CancelRequest(request_id="unknown"))).found
 
             # Accepted, never attached.
-            assert (await d1.stub.Accept(_accept("idle", _prompt(16), 500))).accepted
+            assert (await _accept_on(d1.stub, _accept("idle", _prompt(16), 500))).accepted
             assert (await d1.stub.Cancel(pb.CancelRequest(request_id="idle"))).found
             assert not (await d1.stub.Cancel(pb.CancelRequest(request_id="idle"))).found
             late = await _collect(_attach(d1.stub, "idle"))
@@ -879,7 +898,7 @@ def test_cancel_decode_jobs_found_and_not_found() -> None:
 
             # Attached and decoding: the Attach stream ends with "abort".
             max_tokens = 1500
-            assert (await d1.stub.Accept(_accept("busy", _prompt(16, seed=2), max_tokens))).accepted
+            assert (await _accept_on(d1.stub, _accept("busy", _prompt(16, seed=2), max_tokens))).accepted
             call = _attach(d1.stub, "busy")
             chunks = [await call.read()]
             assert chunks[0].token_ids
@@ -904,7 +923,7 @@ def test_cancel_during_kv_load_ends_the_attached_stream() -> None:
         # A slow clock so the KV transfer (~33 ms of model time) takes ~0.65 s of wall time.
         async with _worker("decode", "d1", scale=0.05) as d1:
             prompt = _prompt(2000)
-            assert (await d1.stub.Accept(_accept("loading", prompt, 8))).accepted
+            assert (await _accept_on(d1.stub, _accept("loading", prompt, 8))).accepted
             call = _attach(d1.stub, "loading")
             await asyncio.sleep(0.1)  # Attach is waiting on the job's queue; load_kv is still running
             assert (await d1.stub.Cancel(pb.CancelRequest(request_id="loading"))).found
@@ -941,7 +960,7 @@ def test_prompt_longer_than_max_model_len_is_an_error() -> None:
             assert "max_model_len" in chunks[-1].error
 
             # The decode side refuses the hand-over, saying why (the prefill side would try another).
-            reply = await d1.stub.Accept(_accept("big", too_long, 4))
+            reply = await _accept_on(d1.stub, _accept("big", too_long, 4))
             assert not reply.accepted
             assert "max_model_len" in reply.reason and "\n" not in reply.reason
             chunks = await _collect(_attach(d1.stub, "big"))
@@ -968,7 +987,7 @@ def test_empty_prompt_and_zero_max_tokens_are_errors() -> None:
 
 def test_every_worker_rpc_needs_the_cluster_token() -> None:
     """A worker started with a token refuses every RPC without it (or with another), however it is
-    called: no Generate, no Attach of another request's stream, no Cancel, Flip, SetPlan, Accept or Info.
+    called: no Generate, no Attach of another request's stream, no Accept, no Cancel, Flip, SetPlan or Info.
     The cluster's own calls (Peers with the token) go through: a prefill instance hands over to a decode
     instance with them."""
 
@@ -984,7 +1003,7 @@ def test_every_worker_rpc_needs_the_cluster_token() -> None:
                 "Cancel": lambda stub, md: stub.Cancel(pb.CancelRequest(request_id="r"), metadata=md),
                 "Flip": lambda stub, md: stub.Flip(pb.FlipRequest(to_role="decode"), metadata=md),
                 "SetPlan": lambda stub, md: stub.SetPlan(pb.PlanRequest(clear=True), metadata=md),
-                "Accept": lambda stub, md: stub.Accept(pb.AcceptRequest(request=gen), metadata=md),
+                "Serve accept": lambda stub, md: _Call(stub, md, accept=pb.AcceptRequest(request=gen)).reply(),
                 "Info": lambda stub, md: stub.Info(pb.InfoRequest(), metadata=md),
             }
             for node in (p1, d1):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0btetri.proto\x12\x08tetri.v1\"\xd9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x04 \x01(\t\x12\x14\n\x0cpredicted_lo\x18\x05 \x01(\x05\x12\x14\n\x0cpredicted_hi\x18\x06 \x01(\x05\x12\x16\n\x0eresumed_tokens\x18\x07 \x01(\x05\x12$\n\x08sampling\x18\x08 \x01(\x0b\x32\x12.tetri.v1.Sampling\"\xba\x01\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\xc0\x01\n\x08KVHandle\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x1a\n\x12source_instance_id\x18\x04 \x01(\t\x12.\n\x06params\x18\x05 \x03(\x0b\x32\x1e.tetri.v1.KVHandle.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x07Handoff\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x02 \x01(\t\"\xb7\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x07handoff\x18\x05 \x01(\x0b\x32\x11.tetri.v1.Handoff\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x18\n\x10kv_loaded_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04\x63\x61ll\x18\x08 \x01(\x04\"\x88\x01\n\x07ServeUp\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\x04\x12-\n\x08generate\x18\x02 \x01(\x0b\x32\x19.tetri.v1.GenerateRequestH\x00\x12)\n\x06\x61ttach\x18\x03 \x01(\x0b\x32\x17.tetri.v1.AttachRequestH\x00\x12\x0f\n\x05\x63lose\x18\x04 \x01(\x08H\x00\x42\x04\n\x02op\"1\n\tServeDown\x12$\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x14.tetri.v1.TokenChunk\"p\n\rAcceptRequest\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.tetri.v1.GenerateRequest\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\x05\x12\x1e\n\x02kv\x18\x03 \x01(\x0b\x32\x12.tetri.v1.KVHandle\"/\n\x0b\x41\x63\x63\x65ptReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"#\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1c\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x1e\n\x0b\x46lipRequest\x12\x0f\n\x07to_role\x18\x01 \x01(\t\";\n\tFlipReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\ndrained_at\x18\x03 \x01(\x01\"+\n\x0bPlanRequest\x12\r\n\x05order\x18\x01 \x03(\t\x12\r\n\x05\x63lear\x18\x02 \x01(\x08\"\'\n\tPlanReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"x\n\tInfoReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\"\n\x04load\x18\x05 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\xc0\x02\n\nLoadReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x16\n\x0ekv_used_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x08 \x01(\x01\x12\x13\n\x0bpreemptions\x18\t \x01(\x03\x12\x11\n\ttimestamp\x18\n \x01(\x01\x12\r\n\x05heavy\x18\x0b \x01(\x05\x12\r\n\x05light\x18\x0c \x01(\x05\x12\x1f\n\x17predicted_growth_tokens\x18\r \x01(\x03\x12\x16\n\x0epolicy_version\x18\x0e \x01(\x03\x12\x16\n\x0eheld_kv_tokens\x18\x0f \x01(\x03\"\xae\x01\n\x0fRegisterRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmax_model_len\x18\x05 \x01(\x05\x12\x1a\n\x12kv_capacity_tokens\x18\x06 \x01(\x03\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x11\n\ttokenizer\x18\x08 \x01(\t\"L\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x19\n\x11report_interval_s\x18\x03 \x01(\x01\"m\n\x12\x44\x65\x63odeInstanceLoad\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\"\n\x04load\x18\x03 \x01(\x0b\x32\x14.tetri.v1.LoadReport\x12\r\n\x05model\x18\x04 \x01(\t\"\x88\x01\n\x13\x44\x65\x63odeLoadBroadcast\x12/\n\tinstances\x18\x01 \x03(\x0b\x32\x1c.tetri.v1.DecodeInstanceLoad\x12\x11\n\ttimestamp\x18\x02 \x01(\x01\x12\x15\n\rpolicies_json\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x32\xd0\x02\n\x06Worker\x12\x33\n\x05Serve\x12\x11.tetri.v1.ServeUp\x1a\x13.tetri.v1.ServeDown(\x01\x30\x01\x12\x38\n\x06\x41\x63\x63\x65pt\x12\x17.tetri.v1.AcceptRequest\x1a\x15.tetri.v1.AcceptReply\x12\x38\n\x06\x43\x61ncel\x12\x17.tetri.v1.CancelRequest\x1a\x15.tetri.v1.CancelReply\x12\x32\n\x04Info\x12\x15.tetri.v1.InfoRequest\x1a\x13.tetri.v1.InfoReply\x12\x32\n\x04\x46lip\x12\x15.tetri.v1.FlipRequest\x1a\x13.tetri.v1.FlipReply\x12\x35\n\x07SetPlan\x12\x15.tetri.v1.PlanRequest\x1a\x13.tetri.v1.PlanReply2\x95\x01\n\x0c\x43ontrolPlane\x12>\n\x08Register\x12\x19.tetri.v1.RegisterRequest\x1a\x17.tetri.v1.RegisterReply\x12\x45\n\nReportLoad\x12\x14.tetri.v1.LoadReport\x1a\x1d.tetri.v1.DecodeLoadBroadcast(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0btetri.proto\x12\x08tetri.v1\"\xd9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x04 \x01(\t\x12\x14\n\x0cpredicted_lo\x18\x05 \x01(\x05\x12\x14\n\x0cpredicted_hi\x18\x06 \x01(\x05\x12\x16\n\x0eresumed_tokens\x18\x07 \x01(\x05\x12$\n\x08sampling\x18\x08 \x01(\x0b\x32\x12.tetri.v1.Sampling\"\xba\x01\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\xc0\x01\n\x08KVHandle\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x1a\n\x12source_instance_id\x18\x04 \x01(\t\x12.\n\x06params\x18\x05 \x03(\x0b\x32\x1e.tetri.v1.KVHandle.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x07Handoff\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x02 \x01(\t\"\xb7\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x07handoff\x18\x05 \x01(\x0b\x32\x11.tetri.v1.Handoff\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x18\n\x10kv_loaded_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04\x63\x61ll\x18\x08 \x01(\x04\"\xb3\x01\n\x07ServeUp\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\x04\x12-\n\x08generate\x18\x02 \x01(\x0b\x32\x19.tetri.v1.GenerateRequestH\x00\x12)\n\x06\x61ttach\x18\x03 \x01(\x0b\x32\x17.tetri.v1.AttachRequestH\x00\x12\x0f\n\x05\x63lose\x18\x04 \x01(\x08H\x00\x12)\n\x06\x61\x63\x63\x65pt\x18\x05 \x01(\x0b\x32\x17.tetri.v1.AcceptRequestH\x00\x42\x04\n\x02op\"*\n\x08ServeUps\x12\x1e\n\x03ups\x18\x01 \x03(\x0b\x32\x11.tetri.v1.ServeUp\"Y\n\tServeDown\x12$\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x14.tetri.v1.TokenChunk\x12&\n\x07replies\x18\x02 \x03(\x0b\x32\x15.tetri.v1.AcceptReply\"p\n\rAcceptRequest\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.tetri.v1.GenerateRequest\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\x05\x12\x1e\n\x02kv\x18\x03 \x01(\x0b\x32\x12.tetri.v1.KVHandle\"=\n\x0b\x41\x63\x63\x65ptReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0c\n\x04\x63\x61ll\x18\x03 \x01(\x04\"#\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1c\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x1e\n\x0b\x46lipRequest\x12\x0f\n\x07to_role\x18\x01 \x01(\t\";\n\tFlipReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\ndrained_at\x18\x03 \x01(\x01\"+\n\x0bPlanRequest\x12\r\n\x05order\x18\x01 \x03(\t\x12\r\n\x05\x63lear\x18\x02 \x01(\x08\"\'\n\tPlanReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"x\n\tInfoReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\"\n\x04load\x18\x05 \x01(\x0b\x32\x14.tetri.v1.LoadReport\"\xc0\x02\n\nLoadReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x16\n\x0ekv_used_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x08 \x01(\x01\x12\x13\n\x0bpreemptions\x18\t \x01(\x03\x12\x11\n\ttimestamp\x18\n \x01(\x01\x12\r\n\x05heavy\x18\x0b \x01(\x05\x12\r\n\x05light\x18\x0c \x01(\x05\x12\x1f\n\x17predicted_growth_tokens\x18\r \x01(\x03\x12\x16\n\x0epolicy_version\x18\x0e \x01(\x03\x12\x16\n\x0eheld_kv_tokens\x18\x0f \x01(\x03\"\xae\x01\n\x0fRegisterRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmax_model_len\x18\x05 \x01(\x05\x12\x1a\n\x12kv_capacity_tokens\x18\x06 \x01(\x03\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x11\n\ttokenizer\x18\x08 \x01(\t\"L\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x19\n\x11report_interval_s\x18\x03 \x01(\x01\"m\n\x12\x44\x65\x63odeInstanceLoad\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\"\n\x04load\x18\x03 \x01(\x0b\x32\x14.tetri.v1.LoadReport\x12\r\n\x05model\x18\x04 \x01(\t\"\x88\x01\n\x13\x44\x65\x63odeLoadBroadcast\x12/\n\tinstances\x18\x01 \x03(\x0b\x32\x1c.tetri.v1.DecodeInstanceLoad\x12\x11\n\ttimestamp\x18\x02 \x01(\x01\x12\x15\n\rpolicies_json\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x32\x97\x02\n\x06Worker\x12\x34\n\x05Serve\x12\x12.tetri.v1.ServeUps\x1a\x13.tetri.v1.ServeDown(\x01\x30\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.tetri.v1.CancelRequest\x1a\x15.tetri.v1.CancelReply\x12\x32\n\x04Info\x12\x15.tetri.v1.InfoRequest\x1a\x13.tetri.v1.InfoReply\x12\x32\n\x04\x46lip\x12\x15.tetri.v1.FlipRequest\x1a\x13.tetri.v1.FlipReply\x12\x35\n\x07SetPlan\x12\x15.tetri.v1.PlanRequest\x1a\x13.tetri.v1.PlanReply2\x95\x01\n\x0c\x43ontrolPlane\x12>\n\x08Register\x12\x19.tetri.v1.RegisterRequest\x1a\x17.tetri.v1.RegisterReply\x12\x45\n\nReportLoad\x12\x14.tetri.v1.LoadReport\x1a\x1d.tetri.v1.DecodeLoadBroadcast(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,43 +46,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENCHUNK']._serialized_start=693
   _globals['_TOKENCHUNK']._serialized_end=876
   _globals['_SERVEUP']._serialized_start=879
-  _globals['_SERVEUP']._serialized_end=1015
-  _globals['_SERVEDOWN']._serialized_start=1017
-  _globals['_SERVEDOWN']._serialized_end=1066
-  _globals['_ACCEPTREQUEST']._serialized_start=1068
-  _globals['_ACCEPTREQUEST']._serialized_end=1180
-  _globals['_ACCEPTREPLY']._serialized_start=1182
-  _globals['_ACCEPTREPLY']._serialized_end=1229
-  _globals['_ATTACHREQUEST']._serialized_start=1231
-  _globals['_ATTACHREQUEST']._serialized_end=1266
-  _globals['_CANCELREQUEST']._serialized_start=1268
-  _globals['_CANCELREQUEST']._serialized_end=1303
-  _globals['_CANCELREPLY']._serialized_start=1305
-  _globals['_CANCELREPLY']._serialized_end=1333
-  _globals['_FLIPREQUEST']._serialized_start=1335
-  _globals['_FLIPREQUEST']._serialized_end=1365
-  _globals['_FLIPREPLY']._serialized_start=1367
-  _globals['_FLIPREPLY']._serialized_end=1426
-  _globals['_PLANREQUEST']._serialized_start=1428
-  _globals['_PLANREQUEST']._serialized_end=1471
-  _globals['_PLANREPLY']._serialized_start=1473
-  _globals['_PLANREPLY']._serialized_end=1512
-  _globals['_INFOREQUEST']._serialized_start=1514
-  _globals['_INFOREQUEST']._serialized_end=1527
-  _globals['_INFOREPLY']._serialized_start=1529
-  _globals['_INFOREPLY']._serialized_end=1649
-  _globals['_LOADREPORT']._serialized_start=1652
-  _globals['_LOADREPORT']._serialized_end=1972
-  _globals['_REGISTERREQUEST']._serialized_start=1975
-  _globals['_REGISTERREQUEST']._serialized_end=2149
-  _globals['_REGISTERREPLY']._serialized_start=2151
-  _globals['_REGISTERREPLY']._serialized_end=2227
-  _globals['_DECODEINSTANCELOAD']._serialized_start=2229
-  _globals['_DECODEINSTANCELOAD']._serialized_end=2338
-  _globals['_DECODELOADBROADCAST']._serialized_start=2341
-  _globals['_DECODELOADBROADCAST']._serialized_end=2477
-  _globals['_WORKER']._serialized_start=2480
-  _globals['_WORKER']._serialized_end=2816
-  _globals['_CONTROLPLANE']._serialized_start=2819
-  _globals['_CONTROLPLANE']._serialized_end=2968
+  _globals['_SERVEUP']._serialized_end=1058
+  _globals['_SERVEUPS']._serialized_start=1060
+  _globals['_SERVEUPS']._serialized_end=1102
+  _globals['_SERVEDOWN']._serialized_start=1104
+  _globals['_SERVEDOWN']._serialized_end=1193
+  _globals['_ACCEPTREQUEST']._serialized_start=1195
+  _globals['_ACCEPTREQUEST']._serialized_end=1307
+  _globals['_ACCEPTREPLY']._serialized_start=1309
+  _globals['_ACCEPTREPLY']._serialized_end=1370
+  _globals['_ATTACHREQUEST']._serialized_start=1372
+  _globals['_ATTACHREQUEST']._serialized_end=1407
+  _globals['_CANCELREQUEST']._serialized_start=1409
+  _globals['_CANCELREQUEST']._serialized_end=1444
+  _globals['_CANCELREPLY']._serialized_start=1446
+  _globals['_CANCELREPLY']._serialized_end=1474
+  _globals['_FLIPREQUEST']._serialized_start=1476
+  _globals['_FLIPREQUEST']._serialized_end=1506
+  _globals['_FLIPREPLY']._serialized_start=1508
+  _globals['_FLIPREPLY']._serialized_end=1567
+  _globals['_PLANREQUEST']._serialized_start=1569
+  _globals['_PLANREQUEST']._serialized_end=1612
+  _globals['_PLANREPLY']._serialized_start=1614
+  _globals['_PLANREPLY']._serialized_end=1653
+  _globals['_INFOREQUEST']._serialized_start=1655
+  _globals['_INFOREQUEST']._serialized_end=1668
+  _globals['_INFOREPLY']._serialized_start=1670
+  _globals['_INFOREPLY']._serialized_end=1790
+  _globals['_LOADREPORT']._serialized_start=1793
+  _globals['_LOADREPORT']._serialized_end=2113
+  _globals['_REGISTERREQUEST']._serialized_start=2116
+  _globals['_REGISTERREQUEST']._serialized_end=2290
+  _globals['_REGISTERREPLY']._serialized_start=2292
+  _globals['_REGISTERREPLY']._serialized_end=2368
+  _globals['_DECODEINSTANCELOAD']._serialized_start=2370
+  _globals['_DECODEINSTANCELOAD']._serialized_end=2479
+  _globals['_DECODELOADBROADCAST']._serialized_start=2482
+  _globals['_DECODELOADBROADCAST']._serialized_end=2618
+  _globals['_WORKER']._serialized_start=2621
+  _globals['_WORKER']._serialized_end=2900
+  _globals['_CONTROLPLANE']._serialized_start=2903
+  _globals['_CONTROLPLANE']._serialized_end=3052
 # @@protoc_insertion_point(module_scope)

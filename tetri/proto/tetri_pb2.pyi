@@ -96,22 +96,32 @@ class TokenChunk(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., handoff: _Optional[_Union[Handoff, _Mapping]] = ..., error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ..., call: _Optional[int] = ...) -> None: ...
 
 class ServeUp(_message.Message):
-    __slots__ = ("call", "generate", "attach", "close")
+    __slots__ = ("call", "generate", "attach", "close", "accept")
     CALL_FIELD_NUMBER: _ClassVar[int]
     GENERATE_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_FIELD_NUMBER: _ClassVar[int]
     call: int
     generate: GenerateRequest
     attach: AttachRequest
     close: bool
-    def __init__(self, call: _Optional[int] = ..., generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., attach: _Optional[_Union[AttachRequest, _Mapping]] = ..., close: _Optional[bool] = ...) -> None: ...
+    accept: AcceptRequest
+    def __init__(self, call: _Optional[int] = ..., generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., attach: _Optional[_Union[AttachRequest, _Mapping]] = ..., close: _Optional[bool] = ..., accept: _Optional[_Union[AcceptRequest, _Mapping]] = ...) -> None: ...
+
+class ServeUps(_message.Message):
+    __slots__ = ("ups",)
+    UPS_FIELD_NUMBER: _ClassVar[int]
+    ups: _containers.RepeatedCompositeFieldContainer[ServeUp]
+    def __init__(self, ups: _Optional[_Iterable[_Union[ServeUp, _Mapping]]] = ...) -> None: ...
 
 class ServeDown(_message.Message):
-    __slots__ = ("chunks",)
+    __slots__ = ("chunks", "replies")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[TokenChunk]
-    def __init__(self, chunks: _Optional[_Iterable[_Union[TokenChunk, _Mapping]]] = ...) -> None: ...
+    replies: _containers.RepeatedCompositeFieldContainer[AcceptReply]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[TokenChunk, _Mapping]]] = ..., replies: _Optional[_Iterable[_Union[AcceptReply, _Mapping]]] = ...) -> None: ...
 
 class AcceptRequest(_message.Message):
     __slots__ = ("request", "first_token", "kv")
@@ -124,12 +134,14 @@ class AcceptRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., first_token: _Optional[int] = ..., kv: _Optional[_Union[KVHandle, _Mapping]] = ...) -> None: ...
 
 class AcceptReply(_message.Message):
-    __slots__ = ("accepted", "reason")
+    __slots__ = ("accepted", "reason", "call")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    call: int
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., call: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -36,13 +36,8 @@ class WorkerStub:
         """
         self.Serve = channel.stream_stream(
                 '/tetri.v1.Worker/Serve',
-                request_serializer=tetri__pb2.ServeUp.SerializeToString,
+                request_serializer=tetri__pb2.ServeUps.SerializeToString,
                 response_deserializer=tetri__pb2.ServeDown.FromString,
-                _registered_method=True)
-        self.Accept = channel.unary_unary(
-                '/tetri.v1.Worker/Accept',
-                request_serializer=tetri__pb2.AcceptRequest.SerializeToString,
-                response_deserializer=tetri__pb2.AcceptReply.FromString,
                 _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/tetri.v1.Worker/Cancel',
@@ -70,17 +65,12 @@ class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Serve(self, request_iterator, context):
-        """The daemon's one stream to this worker: every request's token stream multiplexed over it (a call
-        per request per worker: ServeUp.call). Colocated Generate streams every token; prefill Generate
-        streams the first token, then a last chunk with `handoff`; decode Attach streams the rest. A broken
-        stream ends every call on it (the daemon migrates them).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Accept(self, request, context):
-        """Decode: take over a prefilled request (KV hand-over); its tokens are read with an Attach call.
+        """A caller's one stream to this worker (the daemon's; a prefill worker's to a decode worker): every call
+        multiplexed over it (ServeUp.call), the calls started or left since the last message in one message,
+        what is ready of every call in one message back. Daemon: colocated Generate streams every token;
+        prefill Generate streams the first token, then a last chunk with `handoff`; decode Attach streams the
+        rest. Prefill worker: Accept hands a prefilled request over to a decode worker (its tokens are read
+        with the daemon's Attach). A broken stream ends every call on it (the daemon migrates them).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,13 +105,8 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Serve': grpc.stream_stream_rpc_method_handler(
                     servicer.Serve,
-                    request_deserializer=tetri__pb2.ServeUp.FromString,
+                    request_deserializer=tetri__pb2.ServeUps.FromString,
                     response_serializer=tetri__pb2.ServeDown.SerializeToString,
-            ),
-            'Accept': grpc.unary_unary_rpc_method_handler(
-                    servicer.Accept,
-                    request_deserializer=tetri__pb2.AcceptRequest.FromString,
-                    response_serializer=tetri__pb2.AcceptReply.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -169,35 +154,8 @@ class Worker:
             request_iterator,
             target,
             '/tetri.v1.Worker/Serve',
-            tetri__pb2.ServeUp.SerializeToString,
+            tetri__pb2.ServeUps.SerializeToString,
             tetri__pb2.ServeDown.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Accept(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/tetri.v1.Worker/Accept',
-            tetri__pb2.AcceptRequest.SerializeToString,
-            tetri__pb2.AcceptReply.FromString,
             options,
             channel_credentials,
             insecure,
