@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
@@ -103,7 +103,7 @@ class NoInstance(RuntimeError):
 
 
 def new_request_id(prefix: str = "cmpl-") -> str:
-    return prefix + uuid.uuid4().hex[:24]
+    return prefix + os.urandom(12).hex()  # 24 random hex digits (uuid4's formatting costs 5× as much)
 
 
 class Gateway:

@@ -22,6 +22,7 @@ from tetri import eventloop
 from tetri.config import ConfigError, DaemonSettings, load_daemon_settings
 from tetri.gcheap import freeze_startup_heap
 
+from .api.front import OpenAIFront
 from .app import create_app
 from .gateway import Gateway
 from .grpc_edge import PortInUse, Tls, bind_control_plane
@@ -92,7 +93,7 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
         return 2
     app = create_app(settings, mode, grpc_server)
     config = uvicorn.Config(
-        app,
+        OpenAIFront(app, settings),
         host=settings.host,
         port=settings.port,
         log_level="warning",

@@ -15,9 +15,9 @@ from tetri.config import DaemonSettings
 LOCAL = "local"  # the identity of an admin call on a daemon with no admin token
 
 
-def _bearer(request: Request) -> str | None:
-    h = request.headers.get("authorization", "")
-    return h[7:] if h.lower().startswith("bearer ") else None
+def _bearer(authorization: str) -> str | None:
+    """The token of an Authorization header value ("Bearer <token>")."""
+    return authorization[7:] if authorization.lower().startswith("bearer ") else None
 
 
 def _match(presented: str | None, candidates: dict[str, str]) -> str | None:
@@ -47,7 +47,7 @@ async def require_admin(request: Request) -> None:
     if not tokens:
         request.state.identity = LOCAL
         return
-    name = _match(_bearer(request), tokens)
+    name = _match(_bearer(request.headers.get("authorization", "")), tokens)
     if name is None:
         raise HTTPException(401, detail="admin API: bad or missing bearer token")
     request.state.identity = name
@@ -58,7 +58,12 @@ def identity(request: Request) -> str:
     return str(getattr(request.state, "identity", LOCAL))[:64]
 
 
+def api_key_ok(settings: DaemonSettings, authorization: str) -> bool:
+    """Whether an Authorization header value passes the OpenAI endpoints' check (any key, when none is set)."""
+    keys = settings.api_keys
+    return not keys or _match(_bearer(authorization), {str(i): k for i, k in enumerate(keys)}) is not None
+
+
 async def require_api_key(request: Request) -> None:
-    keys = request.app.state.settings.api_keys
-    if keys and _match(_bearer(request), {str(i): k for i, k in enumerate(keys)}) is None:
+    if not api_key_ok(request.app.state.settings, request.headers.get("authorization", "")):
         raise HTTPException(401, detail="invalid API key")

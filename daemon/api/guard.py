@@ -72,9 +72,14 @@ class BodyGuard:
         await self.app(scope, replay, send)
 
 
+def has_surrogate_escape(body: bytes) -> bool:
+    """Whether the body may hold a lone surrogate (a `\\ud800`-style escape: maybe part of a valid pair)."""
+    return _SURROGATE_ESCAPE.search(body) is not None
+
+
 def _lone_surrogate(body: bytes) -> str | None:
     """The field path of the first string holding a lone surrogate ("" for a top-level one), or None."""
-    if not _SURROGATE_ESCAPE.search(body):
+    if not has_surrogate_escape(body):
         return None
     try:
         doc = json.loads(body)

@@ -104,9 +104,12 @@ def _chat_ids(body: ChatCompletionRequest, tok: Tokenizer | None) -> list[int]:
 
 
 def _unsupported(body: SamplingFields) -> tuple[str, str] | None:
-    """The first field set to something this server does not implement: (field, why)."""
+    """The first field set to something this server does not implement: (field, why). Only fields the
+    client set can be (the defaults are neutral), and only those are looked up (pydantic's lookup of a
+    field a model does not have is slow)."""
+    given = body.model_fields_set
     for name, (neutral, why) in UNSUPPORTED.items():
-        if getattr(body, name, None) not in neutral:
+        if name in given and getattr(body, name) not in neutral:
             return name, why
     return None
 
