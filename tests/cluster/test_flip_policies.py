@@ -46,8 +46,25 @@ def wait_for(predicate, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+def finished_rows(c: LiveCluster, ids: list[str], timeout: float = 20.0) -> dict[str, dict]:
+    """The rows of these requests once every one is written and ended (the status table is written
+    behind the stream, flush by flush: a request whose stream ended may not have its row yet)."""
+    want = set(ids)
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = {r["id"]: r for r in table(c, "requests") if r["id"] in want}
+        if len(rows) == len(want) and all(r["status"] != "running" for r in rows.values()):
+            return rows
+        assert time.monotonic() < deadline, f"rows never written or never ended: {sorted(want - set(rows))}"
+        time.sleep(0.05)
+
+
 def test_flip_under_load_loses_nothing_and_serves_nothing_twice(cluster: LiveCluster):
-    h = httpx.Client(base_url=cluster.url, timeout=30)
+    with httpx.Client(base_url=cluster.url, timeout=30) as h:  # closed however the test ends
+        _flip_under_load(cluster, h)
+
+
+def _flip_under_load(cluster: LiveCluster, h: httpx.Client) -> None:
     decode = sorted(i for i in cluster.workers if i.startswith("decode"))[0]
 
     async def load() -> list[tuple[str, int, int]]:
@@ -87,21 +104,16 @@ def test_flip_under_load_loses_nothing_and_serves_nothing_twice(cluster: LiveClu
     flip = table(cluster, "flips")[0]
     assert flip["instance_id"] == decode and flip["from_role"] == "decode" and flip["to_role"] == "prefill"
     assert flip["started_ts"] <= flip["drained_ts"] <= flip["done_ts"] and flip["requested_by"] == "local"
-    wait_for(lambda: all(r["status"] == "finished" for r in table(cluster, "requests") if r["id"] in ids))
-    rows = {r["id"]: r for r in table(cluster, "requests") if r["id"] in ids}
+    rows = finished_rows(cluster, ids)
     assert len(rows) == 60 and all(r["status"] == "finished" for r in rows.values())
     inst = h.get(f"/api/v1/instances/{decode}").json()
     assert inst["role"] == "prefill" and inst["state"] == "active"
     # the flipped instance now takes prefill work; the remaining decode instance takes every hand-over
-    client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0)
-    for _ in range(6):
-        client.completions.create(model=MODEL, prompt="after the flip", max_tokens=4)
-    client.close()
-    time.sleep(0.2)
-    recent = table(cluster, "requests")[:6]
+    with openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0) as client:
+        after = [client.completions.create(model=MODEL, prompt="after the flip", max_tokens=4).id for _ in range(6)]
+    recent = list(finished_rows(cluster, after).values())
     assert decode in {r["prefill_instance"] for r in recent}
     assert {r["decode_instance"] for r in recent} == {sorted(i for i in cluster.workers if i.startswith("decode"))[1]}
-    h.close()
 
 
 def _long_streams(url: str, n: int) -> threading.Thread:
@@ -263,8 +275,7 @@ def test_plan_admission_follows_a_loaded_sorted_f_plan(cluster: LiveCluster):
     with httpx.Client(base_url=cluster.url, timeout=60) as h:
         dup = h.post("/v1/completions", json={"model": MODEL, "prompt": "x", "tetri": {"request_id": "job-0"}})
         assert dup.status_code == 409
-        wait_for(lambda: all(r["status"] == "finished" for r in table(cluster, "requests") if r["id"] in order))
-        rows = {r["id"]: r for r in table(cluster, "requests") if r["id"] in order}
+        rows = finished_rows(cluster, order)
         assert {r["decode_instance"] for r in rows.values()} == {d1}
         starts = [rows[i]["decode_start_ts"] for i in order]
         # two at a time, in plan order: (job-3, job-0), then (job-5, job-1), then (job-4, job-2); the two of a
