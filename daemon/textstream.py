@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .tokenizer import Decoder
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chunk of tokens: not frozen (a frozen dataclass's __init__ costs 4×)
 class Delta:
     ids: list[int]  # the chunk's tokens that count (up to and including a stop)
     text: str  # text that may be sent now

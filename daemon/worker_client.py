@@ -54,7 +54,7 @@ class Handoff:
     decode_address: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chunk of tokens: not frozen (a frozen dataclass's __init__ costs 4×)
 class TokenChunk:
     """Tokens a worker produced since its previous chunk; the last chunk says why the stream ended, or
     (a prefill worker's) where the request continues."""

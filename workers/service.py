@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from tetri.gcheap import freeze_startup_heap
+from tetri.loopqueue import LoopQueue
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
-from tetri.proto.serve import ServeStreams, StreamBroken
+from tetri.proto.serve import Answer, ServeStreams, StreamBroken
 from tetri.sampling import GREEDY, Sampling
 from tetri.scheduling.dispatch import DecodeLoad, dispatch
 from tetri.scheduling.flip import flip_refusal
@@ -32,7 +33,7 @@ from .engines.base import Engine, EngineError, EngineRequest, KVHandle
 
 log = logging.getLogger(__name__)
 _DONE = object()
-_CANCELLED = object()  # a hand-over's answer when this worker's Cancel stopped it
+_CANCELLED = StreamBroken("CANCELLED", "the request was cancelled here")  # a hand-over stopped by our Cancel
 
 
 ACCEPT_ATTEMPTS = 3  # decode instances tried before a hand-over fails
@@ -103,13 +104,13 @@ def decode_loads(msg: pb.DecodeLoadBroadcast, model: str | None = None) -> list[
 @dataclass
 class _DecodeJob:
     req: EngineRequest
-    queue: asyncio.Queue[object]
+    queue: LoopQueue[object]
     task: asyncio.Task[None] | None = None
     produced: int = 1  # the first token came from the prefill instance
     kv_tokens: int = 0  # prompt tokens in the handed-over KV
 
 
-async def _pump(source: AsyncIterator[int], queue: asyncio.Queue[object]) -> None:
+async def _pump(source: AsyncIterator[int], queue: LoopQueue[object]) -> None:
     try:
         async for tok in source:
             queue.put_nowait(tok)
@@ -121,7 +122,7 @@ async def _pump(source: AsyncIterator[int], queue: asyncio.Queue[object]) -> Non
         raise
 
 
-async def _chunks(rid: str, queue: asyncio.Queue[object], produced: int, limit: int) -> AsyncIterator[pb.TokenChunk]:
+async def _chunks(rid: str, queue: LoopQueue[object], produced: int, limit: int) -> AsyncIterator[pb.TokenChunk]:
     """Read a token queue and yield coalesced chunks; the last chunk says why it ended."""
     while True:
         item = await queue.get()
@@ -194,9 +195,9 @@ class WorkerService(rpc.WorkerServicer):
         self.engine_factory = engine_factory  # builds an engine for another role (instance flip)
         self.decode_view = DecodeView(rng=random.Random(instance_id))
         self.jobs: dict[str, _DecodeJob] = {}  # decode: accepted requests
-        self.generating: dict[str, asyncio.Queue[object]] = {}  # colocated: streams in progress
+        self.generating: dict[str, LoopQueue[object]] = {}  # colocated: streams in progress
         # prefill: requests waiting for a decode instance to take their KV -> the Accept call's answer queue
-        self.handing_over: dict[str, asyncio.Queue[object]] = {}
+        self.handing_over: dict[str, LoopQueue[Answer | StreamBroken]] = {}
         self.serving = ServeStreams(peers)  # prefill: this worker's Serve streams to decode workers
         self.prefilling = 0  # prefill: generate calls in progress
         self.state = "active"
@@ -241,7 +242,8 @@ class WorkerService(rpc.WorkerServicer):
         `generate`/`attach` runs as its own task, whose chunks (tagged with the call) go out coalesced, one
         message for all chunks and replies ready; an `accept` is answered by one `AcceptReply`; `close`
         cancels a call (as a client leaving a stream would); the stream ending cancels them all."""
-        out: asyncio.Queue[pb.TokenChunk | pb.AcceptReply | None] = asyncio.Queue()
+        out: LoopQueue[pb.TokenChunk | pb.AcceptReply | None] = LoopQueue()
+        loop = asyncio.get_running_loop()  # once: looking it up costs a system call on 3.11 (tetri.loopqueue)
         calls: dict[int, asyncio.Task[None]] = {}
 
         async def answer(call: int, request: pb.AcceptRequest) -> None:
@@ -272,11 +274,11 @@ class WorkerService(rpc.WorkerServicer):
         def start(up: pb.ServeUp) -> None:
             op = up.WhichOneof("op")
             if op == "generate":
-                calls[up.call] = asyncio.create_task(run(up.call, self.generate(up.generate), up.generate.request_id))
+                calls[up.call] = loop.create_task(run(up.call, self.generate(up.generate), up.generate.request_id))
             elif op == "attach":
-                calls[up.call] = asyncio.create_task(run(up.call, self.attach(up.attach), up.attach.request_id))
+                calls[up.call] = loop.create_task(run(up.call, self.attach(up.attach), up.attach.request_id))
             elif op == "accept":
-                calls[up.call] = asyncio.create_task(answer(up.call, up.accept))
+                calls[up.call] = loop.create_task(answer(up.call, up.accept))
             else:  # close
                 task = calls.get(up.call)
                 if task is not None:
@@ -323,7 +325,7 @@ class WorkerService(rpc.WorkerServicer):
             yield _refused_chunk(req.request_id, f"instance {self.instance_id} is {self.state}")
             return
         if self.role == "colocated":
-            queue: asyncio.Queue[object] = asyncio.Queue()
+            queue: LoopQueue[object] = LoopQueue()
             self.generating[req.request_id] = queue
             pump = asyncio.create_task(_pump(self.engine.generate(req), queue))
             try:
@@ -466,7 +468,7 @@ class WorkerService(rpc.WorkerServicer):
             request.kv.source_instance_id,
             dict(request.kv.params),
         )
-        job = _DecodeJob(req, asyncio.Queue(), kv_tokens=kv.num_tokens)
+        job = _DecodeJob(req, LoopQueue(), kv_tokens=kv.num_tokens)
         taken: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         job.task = asyncio.create_task(self._decode(job, kv, request.first_token, taken))
         self.jobs[req.request_id] = job

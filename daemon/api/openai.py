@@ -37,7 +37,7 @@ from .schemas import (
     errors,
     usage,
 )
-from .sse import EventStream
+from .sse import EventStream, Final
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 CODES = errors(400, 401, 404, 409, 413, 502, 503)
@@ -321,21 +321,27 @@ def sse_data(body: dict[str, Any]) -> bytes:
     return b"data: " + raw + b"\n\n"
 
 
+DONE = b"data: [DONE]\n\n"
+
+
 async def _sse(job: _Job, chat: bool) -> AsyncGenerator[bytes, None]:
+    """The stream's events; its end (the finishing chunk, the usage, `[DONE]`) in one last `Final` piece."""
     if chat:  # the first chunk names the role, as OpenAI's and vLLM's do
         yield sse_data(chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None))
     n = 0
     async for ev in job.events:
         if isinstance(ev, Failed):
-            yield sse_data(error_body(ev.message, "APIError", None, _failure_code(ev)))
-            break
+            yield Final(sse_data(error_body(ev.message, "APIError", None, _failure_code(ev))) + DONE)
+            return
         if isinstance(ev, Tokens):
             n += len(ev.ids)
         body = _frame(job, chat, ev)
+        if isinstance(ev, Finished):
+            tail = sse_data(body) if body is not None else b""
+            if job.include_usage:
+                tail += sse_data(_usage_chunk(job, chat, n))
+            yield Final(tail + DONE)
+            return
         if body is not None:
             yield sse_data(body)
-        if isinstance(ev, Finished):
-            if job.include_usage:
-                yield sse_data(_usage_chunk(job, chat, n))
-            break
-    yield b"data: [DONE]\n\n"
+    yield Final(DONE)

@@ -4,7 +4,8 @@ Starlette's `StreamingResponse` runs each stream in an anyio task group beside a
 about a third of a millisecond of CPU per request on this project's machines (bench/control_plane_cost.py,
 docs/vllm.md). `EventStream` sends the iterator's chunks itself and watches for the client leaving with one
 plain asyncio task, which cancels the stream: the iterator is closed where it waits (the gateway then
-cancels the request on its worker), as with Starlette's.
+cancels the request on its worker), as with Starlette's. A `Final` chunk goes out with the end of the
+response (one write instead of two).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from collections.abc import AsyncGenerator
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+
+class Final(bytes):
+    """A stream's last piece: sent with the end of the response in one write."""
 
 
 class EventStream(Response):
@@ -42,9 +47,14 @@ class EventStream(Response):
         watcher = asyncio.create_task(watch())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            last = False
             async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                last = isinstance(chunk, Final)
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    break
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not gone or task.uncancel() > 0:  # cancelled for another reason than the client leaving
                 raise

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from ..loopqueue import LoopQueue
 from . import pb
 from .peers import Peers
 
@@ -38,8 +39,8 @@ class ServeStream:
     """One caller's Serve stream to one worker."""
 
     def __init__(self, peers: Peers, address: str) -> None:
-        self._up: asyncio.Queue[pb.ServeUp | None] = asyncio.Queue()
-        self.calls: dict[int, asyncio.Queue[Answer | StreamBroken]] = {}
+        self._up: LoopQueue[pb.ServeUp | None] = LoopQueue()
+        self.calls: dict[int, LoopQueue[Answer | StreamBroken]] = {}
         self.broken: StreamBroken | None = None
         self._next = 0
         self._call = peers.worker(address).Serve(self._ups(), metadata=peers.metadata)
@@ -75,10 +76,12 @@ class ServeStream:
             for queue in self.calls.values():
                 queue.put_nowait(broken)
 
-    def open(self, **op: pb.GenerateRequest | pb.AttachRequest | pb.AcceptRequest) -> tuple[int, asyncio.Queue]:
+    def open(
+        self, **op: pb.GenerateRequest | pb.AttachRequest | pb.AcceptRequest
+    ) -> tuple[int, LoopQueue[Answer | StreamBroken]]:
         """Start a call; its answers (or `StreamBroken`) arrive in the returned queue."""
         self._next += 1
-        queue: asyncio.Queue[Answer | StreamBroken] = asyncio.Queue()
+        queue: LoopQueue[Answer | StreamBroken] = LoopQueue()
         self.calls[self._next] = queue
         if self.broken is not None:
             queue.put_nowait(self.broken)

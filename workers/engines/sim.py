@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from tetri.clock import Clock
 from tetri.costmodel import CostModel, Profile
+from tetri.loopqueue import LoopQueue
 from tetri.scheduling.instance import ROLES, InstanceScheduler, IterationPlan, Outcome, SchedRequest
 from tetri.scheduling.policyset import PolicySet
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
@@ -64,7 +65,7 @@ class _Seq:
         self.req = req
         # a migrated request keys its tokens on the original prompt and continues its output indices
         self.key = _prompt_key(req.prompt_token_ids[: req.prompt_len - req.resumed_tokens])
-        self.queue: asyncio.Queue[int | EngineError | None] | None = None  # decode/colocated: tokens
+        self.queue: LoopQueue[int | EngineError | None] | None = None  # decode/colocated: tokens
         self.future: asyncio.Future[PrefillOutput] | None = None  # prefill: first token + KV handle
         self.pulled: asyncio.Future[None] | None = None  # decode: admission pulled the KV
 
@@ -230,7 +231,7 @@ class SimEngine(Engine):
         if req.max_tokens <= 1:
             return  # nothing to decode: nothing to take over
         seq = self._add(req, produced=1)
-        seq.queue = asyncio.Queue()
+        seq.queue = LoopQueue()
         seq.pulled = asyncio.get_running_loop().create_future()
         try:
             await seq.pulled
@@ -256,7 +257,7 @@ class SimEngine(Engine):
         self._check_role("generate", "colocated")
         self._validate(req, req.prompt_len + req.max_tokens - 1)
         seq = self._add(req)
-        seq.queue = asyncio.Queue()
+        seq.queue = LoopQueue()
         async with contextlib.aclosing(self._stream(seq)) as tokens:  # closing us closes it at once
             async for token in tokens:
                 yield token
