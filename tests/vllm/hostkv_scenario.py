@@ -1,9 +1,12 @@
-"""Run by test_hostkv.py in a child process: a prefill and a decode engine over HostKVConnector; the hand-over
-file is cut short before the decode engine loads it. Prints one JSON line: the decode engine's tokens for
-that request ("broken") and for the same prompt and first token without a hand-over ("computed"), and the
-hand-over files left in the store.
+"""Run by test_hostkv.py in a child process (vLLM's engines leave warnings the suite treats as errors): a
+prefill and a decode engine over HostKVConnector, one hand-over. Prints one JSON line.
 
-    python tests/vllm/hostkv_scenario.py MODEL_DIR STORE_DIR
+    python tests/vllm/hostkv_scenario.py MODEL_DIR STORE_DIR cut|bfloat16
+
+cut (float32): the hand-over file is cut short before the decode engine loads it; "handed" is the decode
+engine's answer for that request, "computed" its answer for the same prompt and first token without a
+hand-over. bfloat16: a whole hand-over in bfloat16 (vLLM's AMX attention on CPUs that have AMX); "handed"
+as before, "loaded" the prompt tokens vLLM took from it. "left": the hand-over files left in the store.
 """
 
 from __future__ import annotations
@@ -19,27 +22,32 @@ from workers.engines.vllm import connectors
 from workers.engines.vllm.engine import VllmEngine, VllmOptions
 
 
-async def scenario(model: str, store: str) -> dict[str, object]:
-    opts = VllmOptions(model=model, kv_store=store, dtype="float32", block_size=32, max_model_len=1024)
+async def scenario(model: str, store: str, mode: str) -> dict[str, object]:
+    dtype = "bfloat16" if mode == "bfloat16" else "float32"
+    opts = VllmOptions(model=model, kv_store=store, dtype=dtype, block_size=32, max_model_len=1024)
     greedy = Sampling(temperature=0.0, ignore_eos=True)
     prompt = tuple((5 * k) % 500 + 1 for k in range(150))
     prefill, decode = VllmEngine(opts, "prefill", "p"), VllmEngine(opts, "decode", "d")
     await prefill.start()
     await decode.start()
+    got: dict[str, object] = {}
     try:
         req = EngineRequest("r1", prompt, 6, None, 0, greedy)
         first = await prefill.prefill(req)
-        path = Path(connectors.kv_file(store, first.kv.params[connectors.KEY]))
-        path.write_bytes(path.read_bytes()[:1000])  # there, by its name complete, and unreadable
+        if mode == "cut":
+            path = Path(connectors.kv_file(store, first.kv.params[connectors.KEY]))
+            path.write_bytes(path.read_bytes()[:1000])  # there, by its name complete, and unreadable
         await decode.load_kv(req, first.kv)
-        broken = [t async for t in decode.decode(req, first.first_token)]
-        plain = EngineRequest("r2", prompt, 6, None, 0, greedy)  # no hand-over: computed here
-        computed = [t async for t in decode.decode(plain, first.first_token)]
+        got["handed"] = [t async for t in decode.decode(req, first.first_token)]
+        got["loaded"] = decode.kv_loaded("r1")
+        if mode == "cut":
+            plain = EngineRequest("r2", prompt, 6, None, 0, greedy)  # no hand-over: computed here
+            got["computed"] = [t async for t in decode.decode(plain, first.first_token)]
     finally:
         await decode.stop()
         await prefill.stop()
-    return {"broken": broken, "computed": computed, "left": sorted(p.name for p in Path(store).glob("*.kv"))}
+    return got | {"left": sorted(p.name for p in Path(store).glob("*.kv"))}
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(scenario(sys.argv[1], sys.argv[2]))))
+    print(json.dumps(asyncio.run(scenario(sys.argv[1], sys.argv[2], sys.argv[3]))))

@@ -98,19 +98,35 @@ def test_engine_cpus_parse():
     assert parse_cpus("2-4,7") == {2, 3, 4, 7}
 
 
-@pytest.mark.slow
-def test_an_unreadable_hand_over_is_recomputed(tmp_path: Path):
-    """Two real engines (in a child process: vLLM's engines leave warnings this suite treats as errors): the
-    prefill engine's file is cut short before the decode engine loads it; vLLM recomputes the prompt
-    (kv_load_failure_policy) and the answer is the one the decode engine computes without a hand-over."""
+def _scenario(tmp_path: Path, mode: str) -> dict:
+    """tests/vllm/hostkv_scenario.py in a child process: vLLM's engines leave warnings this suite treats as
+    errors."""
     model = tmp_path / "tiny"
     subprocess.run([sys.executable, "-m", "workers.engines.vllm.tinymodel", str(model)], check=True, timeout=300)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    script = Path(__file__).with_name("hostkv_scenario.py")
     run = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("hostkv_scenario.py")), str(model), str(tmp_path / "kv")],
+        [sys.executable, str(script), str(model), str(tmp_path / "kv"), mode],
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["broken"] == got["computed"] and len(got["broken"]) == 5
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_an_unreadable_hand_over_is_recomputed(tmp_path: Path):
+    """Two real engines: the prefill engine's file is cut short before the decode engine loads it; vLLM
+    recomputes the prompt (kv_load_failure_policy) and the answer is the one the decode engine computes
+    without a hand-over."""
+    got = _scenario(tmp_path, "cut")
+    assert got["handed"] == got["computed"] and len(got["handed"]) == 5
     assert got["left"] == []  # the unreadable file was removed with its load
+
+
+@pytest.mark.slow
+def test_a_bfloat16_decode_engine_runs_on_whole_prompts(tmp_path: Path):
+    """A decode engine that loads whole prompts computes one token per request per step, so nothing in it
+    asks Linux for AMX before vLLM's bfloat16 attention runs AMX instructions: without the worker's plugin
+    asking at start its model worker died of SIGILL on the first request (on CPUs with AMX)."""
+    got = _scenario(tmp_path, "bfloat16")
+    assert len(got["handed"]) == 5 and got["loaded"] == 150 and got["left"] == []

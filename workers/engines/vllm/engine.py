@@ -208,7 +208,8 @@ class VllmEngine(Engine):
         spin = self.options.idle_spin_s
         if spin is None and self.role == "prefill":
             spin = IDLE_SPIN_S
-        # the engine's processes inherit this process's environment (plugin.ENV, the OpenMP binding)
+        # the engine's processes inherit this process's environment (the plugin's, the OpenMP binding)
+        os.environ[plugin.ENGINE] = "1"
         if spin is None:
             os.environ.pop(plugin.ENV, None)
         else:

@@ -1,5 +1,12 @@
 """A vLLM general plugin (entry point `vllm.general_plugins`, loaded by vLLM in its engine-core and
-model-worker processes): how an idle vLLM process waits for its next message.
+model-worker processes) for the engines a Tetri worker starts (`ENGINE` set; inert anywhere else): the
+AMX permission vLLM's CPU attention needs, and how an idle vLLM process waits for its next message.
+
+AMX. vLLM's CPU attention kernel for bfloat16 runs AMX tile instructions, which Linux allows a process
+only after it asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); vLLM never asks, oneDNN does when it first runs an
+AMX matrix multiply — a prefill's, many tokens at once. A decode engine that loads whole prompts computes
+one token per request per step, so its first attention ran before anything had asked, and its model
+worker died of SIGILL (exit -4). `register` asks at start on a CPU that has AMX.
 
 vLLM's engine core and its model worker talk through a shared-memory queue whose reader spins
 (`sched_yield`) for one second after each message before it parks on a socket (`SpinCondition`, 1 s,
@@ -24,11 +31,15 @@ import os
 import time
 from typing import Any
 
+ENGINE = "TETRI_VLLM_ENGINE"  # set by a Tetri vLLM worker for its engine's processes
 ENV = "TETRI_VLLM_IDLE_SPIN_S"
 RECHECK_MS = 2
 
 
 def register() -> None:
+    if os.environ.get(ENGINE) != "1":
+        return
+    _allow_amx()
     try:
         hot = float(os.environ[ENV])
     except (KeyError, ValueError):
@@ -51,3 +62,10 @@ def register() -> None:
 
     wait._tetri_spin = hot  # type: ignore[attr-defined]
     cls.wait = wait
+
+
+def _allow_amx() -> None:
+    import torch
+
+    if torch.cpu._is_amx_tile_supported():
+        torch.cpu._init_amx()
