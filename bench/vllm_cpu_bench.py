@@ -3,13 +3,13 @@
 A tiny random-weight Llama (written here), one small mixed workload (half short, half long prompts;
 half short, half longer answers; Poisson arrivals), replayed through the OpenAI API on
   * vLLM colocated: the daemon in colocated mode, one vLLM worker doing both phases (the vanilla baseline);
-  * vLLM disaggregated: one prefill and one decode vLLM worker, KV handed over by ExampleConnector;
+  * vLLM disaggregated: one prefill and one decode vLLM worker, KV handed over by HostKVConnector;
 and the same requests through the discrete-event simulator with the profile `tetrictl profile` fitted on
 this machine (--profiles-file; without one the table has no prediction). TTFT and JCT from the status
 table, in seconds.
 
     tetrictl profile --engine vllm --model /tmp/tiny --block-size 32 -o profiles-cpu.toml
-    python bench/vllm_cpu_bench.py --model /tmp/tiny --profiles-file profiles-cpu.toml
+    python bench/vllm_cpu_bench.py --model /tmp/tiny --profiles-file profiles-cpu.toml --engine-cpus 1/0
 
 Both systems run on the same 2 cores: disaggregated means two engines sharing them, not twice the hardware.
 """
@@ -47,7 +47,9 @@ def workload(n: int, rate: float, seed: int) -> list[Request]:
     return out
 
 
-def run_live(mode: str, model: Path, root: Path, reqs: list[Request], block: int, max_len: int) -> list[dict]:
+def run_live(
+    mode: str, model: Path, root: Path, reqs: list[Request], block: int, max_len: int, engine_cpus: str | None
+) -> list[dict]:
     state = Path(tempfile.mkdtemp(dir=root, prefix=f"{mode}-"))
     daemon = spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(state), "--mode", mode])
     procs = [daemon]
@@ -56,8 +58,10 @@ def run_live(mode: str, model: Path, root: Path, reqs: list[Request], block: int
         roles = ["colocated"] if mode == "colocated" else ["prefill", "decode"]
         common = ["--engine", "vllm", "--model", str(model), "--daemon", ready["grpc"], "--block-size", str(block)]
         common += ["--max-model-len", str(max_len), "--kv-store", str(state / "kv"), "--served-model-name", "tetri-sim"]
+        cpus = dict(zip(("prefill", "decode"), engine_cpus.split("/"), strict=True)) if engine_cpus else {}
         for role in roles:
-            procs.append(spawn("workers.main", ["--role", role, *common]))
+            pin = ["--engine-cpus", cpus[role]] if role in cpus else []
+            procs.append(spawn("workers.main", ["--role", role, *common, *pin]))
         for p, role in zip(procs[1:], roles, strict=True):
             wait_ready(p, role, timeout=600)
 
@@ -104,6 +108,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument(
+        "--engine-cpus",
+        metavar="P/D",
+        help="disaggregated: the cores of the prefill / decode engine (the workers' --engine-cpus), e.g. 1/0 on "
+        "2 cores (default: anywhere, with vLLM's own binding)",
+    )
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     root = Path(tempfile.mkdtemp(prefix="tetri-vllm-bench-"))
@@ -117,7 +127,8 @@ def main() -> None:
     for c in ("system", "source", "avg TTFT", "p99 TTFT", "avg JCT", "p99 JCT"):
         t.add_column(c, justify="left" if c in ("system", "source") else "right")
     for mode, label in (("colocated", "vLLM colocated"), ("disaggregated", "vLLM 1 prefill + 1 decode")):
-        rows = {r["id"]: r for r in run_live(mode, model, root, reqs, args.block_size, args.max_model_len)}
+        live = run_live(mode, model, root, reqs, args.block_size, args.max_model_len, args.engine_cpus)
+        rows = {r["id"]: r for r in live}
         mine = [rows[r.request_id] for r in reqs]
         assert all(r["status"] == "finished" for r in mine), [r["error"] for r in mine if r["status"] != "finished"]
         t.add_row(label, "measured", *stats([r["ttft_ms"] / 1000 for r in mine], [r["jct_ms"] / 1000 for r in mine]))

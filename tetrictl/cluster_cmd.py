@@ -81,12 +81,18 @@ def worker_start(
     kv_store: Annotated[
         str | None, typer.Option(help="vllm + HostKVConnector: the KV path both engines share (a tmpfs).")
     ] = None,
+    kv_lease_s: Annotated[
+        float | None, typer.Option(help="vllm + HostKVConnector: remove hand-overs not loaded within this (60).")
+    ] = None,
     kv_both: Annotated[bool, typer.Option("--kv-both", help="vllm: kv_both connector role (flips in place).")] = False,
     on_missing_kv: Annotated[str | None, typer.Option(help="vllm decode: error or recompute.")] = None,
     chunk_size: Annotated[int | None, typer.Option(help="vllm: max_num_batched_tokens (ChunkSize).")] = None,
     max_model_len: Annotated[int | None, typer.Option(help="vllm: context length.")] = None,
     block_size: Annotated[int | None, typer.Option(help="vllm: KV block size.")] = None,
     dtype: Annotated[str | None, typer.Option(help="vllm: auto, float32, bfloat16 or float16.")] = None,
+    engine_cpus: Annotated[
+        str | None, typer.Option(help="vllm: the cores the engine's processes run on, e.g. 0 or 2-5,8 (default: any).")
+    ] = None,
     profile: Annotated[str | None, typer.Option(help="Sim profile (default opt-13b-v100).")] = None,
     profiles_file: Annotated[
         Path | None, typer.Option(help="Sim: read the profile from this file (`tetrictl profile` writes one).")
@@ -120,11 +126,13 @@ def worker_start(
         ("--profiles-file", profiles_file),
         ("--kv-connector", kv_connector),
         ("--kv-store", kv_store),
+        ("--kv-lease-s", kv_lease_s),
         ("--on-missing-kv", on_missing_kv),
         ("--chunk-size", chunk_size),
         ("--max-model-len", max_model_len),
         ("--block-size", block_size),
         ("--dtype", dtype),
+        ("--engine-cpus", engine_cpus),
     ):
         _opt(args, flag, v)
     if kv_both:
