@@ -149,8 +149,8 @@ class WorkerSettings(BaseSettings):
         None,
         ge=0,
         description="vllm: how long the engine's idle processes busy-wait for the next message before they park "
-        "(vLLM's own: 1 s); default 0.005 for prefill (bursty: it must not spin on cores others need), vLLM's "
-        "for decode and colocated.",
+        "(vLLM's own: 1 s); default 0.005 for prefill, and for decode without engine_cpus (they must not spin "
+        "on cores others need); vLLM's for decode with cores of its own and for colocated.",
     )
     engine_cpus: str | None = Field(
         None,

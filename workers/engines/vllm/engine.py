@@ -87,9 +87,10 @@ class VllmOptions:
     dtype: str = "auto"  # weights and KV: auto (the model's), float32, bfloat16, float16
     connector_extra: tuple[tuple[str, Any], ...] = ()
     # how long the engine's idle processes busy-wait for the next message before they park (`plugin`);
-    # None: vLLM's own (1 s), except a prefill engine's, which defaults to IDLE_SPIN_S: it runs one step
-    # per prompt and would otherwise spin a second after each on cores the decode engine needs. A decode
-    # engine runs a step after another and keeps vLLM's spin (parking between steps costs each a wake-up).
+    # None: IDLE_SPIN_S for a prefill engine (one step per prompt: it would otherwise spin a second after
+    # each on cores others need) and for a decode engine without cores of its own; vLLM's own (1 s) for a
+    # decode engine with `engine_cpus` (a step after another: parking between them costs each a wake-up)
+    # and for a colocated one
     idle_spin_s: float | None = None
     # the CPU cores the engine's processes run on (`parse_cpus`: "0", "2-5,8"); None: anywhere
     engine_cpus: str | None = None
@@ -205,8 +206,9 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = self._engine_args()
+        cpus = parse_cpus(self.options.engine_cpus)
         spin = self.options.idle_spin_s
-        if spin is None and self.role == "prefill":
+        if spin is None and (self.role == "prefill" or (self.role == "decode" and not cpus)):
             spin = IDLE_SPIN_S
         # the engine's processes inherit this process's environment (the plugin's, the OpenMP binding)
         os.environ[plugin.ENGINE] = "1"
@@ -214,7 +216,6 @@ class VllmEngine(Engine):
             os.environ.pop(plugin.ENV, None)
         else:
             os.environ[plugin.ENV] = repr(spin)
-        cpus = parse_cpus(self.options.engine_cpus)
         if cpus:
             os.environ.setdefault(OMP_BIND, ",".join(map(str, sorted(cpus))))
 
