@@ -5,7 +5,6 @@ error shape) it is covered by tests/cluster (test_e2e, test_hostile, test_schema
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -16,6 +15,8 @@ from daemon.api.front import OpenAIFront
 from daemon.api.guard import BodyGuard
 from daemon.api.schemas import ChatCompletionRequest, CompletionRequest
 from tetri.config import DaemonSettings
+
+from .asgi import drive, reader
 
 OK = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 3}
 JSON = (b"content-type", b"application/json")
@@ -61,31 +62,11 @@ def test_a_wrong_or_missing_api_key_goes_to_the_app():
 
 
 def call(f: OpenAIFront, path: str, body: bytes, headers: list[tuple[bytes, bytes]], chunk: int = 100) -> dict:
-    """Run one request through the front over a recording app; what the app saw and what was sent."""
+    """Run one request through the front over BodyGuard and a recording app; what the app saw, and the
+    status sent."""
     seen: dict[str, Any] = {}
-    sent: list[dict[str, Any]] = []
-
-    async def behind(scope: Any, receive: Any, send: Any) -> None:
-        got, more = b"", True
-        while more:
-            msg = await receive()
-            got += msg.get("body", b"")
-            more = msg.get("more_body", False)
-        seen["path"], seen["body"] = scope["path"], got
-        await send({"type": "http.response.start", "status": 299, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    f.app = BodyGuard(behind, max_bytes=f.max_bytes)  # type: ignore[assignment]
-    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
-    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(msg: dict[str, Any]) -> None:
-        sent.append(msg)
-
-    asyncio.run(f({"type": "http", "method": "POST", "path": path, "headers": headers}, receive, send))
+    f.app = BodyGuard(reader(seen, status=299), max_bytes=f.max_bytes)  # type: ignore[assignment]
+    sent = drive(f, {"type": "http", "method": "POST", "path": path, "headers": headers}, body, chunk)
     return {"seen": seen, "status": sent[0]["status"]}
 
 

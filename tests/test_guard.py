@@ -3,7 +3,6 @@ Content-Length, lone surrogates, and the field a validation error names."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -11,34 +10,14 @@ import pytest
 
 from daemon.api.guard import BodyGuard, validation_param
 
+from .asgi import drive, reader
+
 
 def call(body: bytes, headers: list[tuple[bytes, bytes]], chunk: int = 1 << 20) -> tuple[int, dict[str, Any], bytes]:
     """(status, error JSON or {}, the body the app behind the guard read)."""
-    seen: dict[str, bytes] = {}
-    sent: list[dict[str, Any]] = []
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        got = b""
-        more = True
-        while more:
-            msg = await receive()
-            got += msg.get("body", b"")
-            more = msg.get("more_body", False)
-        seen["body"] = got
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
-
-    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
-    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(msg: dict[str, Any]) -> None:
-        sent.append(msg)
-
-    scope = {"type": "http", "method": "POST", "headers": headers}
-    asyncio.run(BodyGuard(app, max_bytes=1024)(scope, receive, send))
+    seen: dict[str, Any] = {}
+    guard = BodyGuard(reader(seen), max_bytes=1024)
+    sent = drive(guard, {"type": "http", "method": "POST", "headers": headers}, body, chunk)
     status = sent[0]["status"]
     payload = sent[1]["body"]
     return status, (json.loads(payload) if status != 200 else {}), seen.get("body", b"")

@@ -279,7 +279,7 @@ class VllmEngine(Engine):
             await fut  # our prefill order hands the prompt to vLLM
             if self._llm is None:
                 raise EngineError(f"engine {self.instance_id} stopped")
-            key = uuid.uuid4().hex  # this hand-over's own (HostKV: its folder)
+            key = uuid.uuid4().hex  # this hand-over's own (HostKV: its file's name)
             sp = self._sampling(req, 1, connectors.prefill_params(self.options.connector, key))
             first, out = None, None
             self._active += 1
@@ -302,7 +302,7 @@ class VllmEngine(Engine):
         if self.options.connector == connectors.HOST_KV:
             self._lease(key)
             if not connectors.complete(self.options.kv_store, key):
-                n = 0  # vLLM did not store it (it cannot fail quietly, but say so if it did)
+                n = 0  # the connector could not write it (it logs why): the decode side computes the prompt
         produced = getattr(out, "kv_transfer_params", None)
         params = connectors.handoff_params(self.options.connector, key, produced)
         kv = KVHandle(req.request_id, n, n * self._kv_bytes_per_token(), self.instance_id, params)
