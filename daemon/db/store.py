@@ -58,8 +58,10 @@ REQUEST_COLUMNS = frozenset(REQUESTS.c.keys())
 LOAD_SAMPLE_COLUMNS = frozenset(LOAD_SAMPLES.c.keys())
 FLIP_COLUMNS = frozenset(FLIPS.c.keys())
 
-# A batched update that changes `status` or `phase` only applies while the request is running, so a late
-# update cannot resurrect a cancelled or interrupted request (see Store.write_batch).
+# An update's `status` and `phase` apply only while the request is running, so a late update cannot
+# resurrect a cancelled or interrupted request; its other fields are written whatever the status (see
+# Store.write_batch). The guard is per field, not per update, so merging updates (daemon.db.writer) never
+# changes what lands.
 TRANSITION_FIELDS = frozenset({"status", "phase"})
 
 INTERRUPTED_ERROR = "daemon restarted while in flight"
@@ -337,15 +339,12 @@ class Store:
             return conn.execute(stmt).rowcount > 0
 
     def update_request(self, request_id: str, **fields: Any) -> bool:
-        """Set fields of one request (same rule as a batched update, see `write_batch`: a change of
-        `status` or `phase` applies only while the request is running). Returns whether a row changed.
-        MUST fail with `ValueError` on an unknown field, `id`, or no fields."""
+        """Set fields of one request (same rule as a batched update, see `write_batch`: `status` and
+        `phase` change only while the request is running, the other fields whatever its status). Returns
+        whether a row changed. MUST fail with `ValueError` on an unknown field, `id`, or no fields."""
         _check_update_fields(fields)
-        stmt = update(REQUESTS).where(REQUESTS.c.id == request_id).values(**fields)
-        if TRANSITION_FIELDS & fields.keys():
-            stmt = stmt.where(REQUESTS.c.status == Status.RUNNING.value)
         with self.engine.begin() as conn:
-            return conn.execute(stmt).rowcount > 0
+            return any(conn.execute(stmt).rowcount > 0 for stmt in _guarded_updates(request_id, fields))
 
     def write_batch(
         self,
@@ -356,9 +355,9 @@ class Store:
         """Write one batch in ONE transaction: request inserts, then request updates, then load samples.
 
         Rows with the same set of fields go in one executemany statement. `updates` maps request id →
-        fields; an update that sets `status` or `phase` applies only while the request is `running`
+        fields; an update's `status` and `phase` apply only while the request is `running`
         (UPDATE … WHERE id = ? AND status = 'running'), so a late update does not undo a cancel or a
-        recovery; other fields are written whatever the status. An update for a missing id matches
+        recovery; its other fields are written whatever the status (a separate UPDATE … WHERE id = ?). An update for a missing id matches
         nothing. A load sample of an instance that has no `instances` row (not registered yet, or gone)
         is skipped with a warning instead of failing the batch, so telemetry cannot make request rows
         be dropped. Returns the number of rows handed to the database. MUST fail (and roll back the
@@ -569,16 +568,41 @@ def _insert_grouped(conn: Connection, table: Table, rows: list[dict[str, Any]]) 
         conn.execute(insert(table), group)
 
 
+def _split(fields: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An update's fields: (written whatever the status, written only while running)."""
+    free = {k: v for k, v in fields.items() if k not in TRANSITION_FIELDS}
+    return free, {k: v for k, v in fields.items() if k in TRANSITION_FIELDS}
+
+
+def _guarded_updates(request_id: str, fields: Mapping[str, Any]) -> list[Any]:
+    """One request's update as statements: its free fields, then its transition fields (while running)."""
+    free, transition = _split(fields)
+    stmts = [update(REQUESTS).where(REQUESTS.c.id == request_id).values(**free)] if free else []
+    if transition:
+        stmts.append(
+            update(REQUESTS)
+            .where(REQUESTS.c.id == request_id, REQUESTS.c.status == Status.RUNNING.value)
+            .values(**transition)
+        )
+    return stmts
+
+
 def _update_requests_grouped(conn: Connection, items: list[tuple[str, Mapping[str, Any]]]) -> None:
-    """One executemany UPDATE per distinct set of fields. Bind names are prefixed so they never clash
-    with the column names SQLAlchemy reserves for the SET clause."""
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for request_id, fields in items:
-        params = {f"v_{k}": v for k, v in fields.items()}
-        params["k_id"] = request_id
-        groups.setdefault(tuple(sorted(fields)), []).append(params)
-    for keys, params_list in groups.items():
-        stmt = update(REQUESTS).where(REQUESTS.c.id == bindparam("k_id")).values({k: bindparam(f"v_{k}") for k in keys})
-        if TRANSITION_FIELDS.intersection(keys):
-            stmt = stmt.where(REQUESTS.c.status == Status.RUNNING.value)
-        conn.execute(stmt, params_list)
+    """One executemany UPDATE per distinct set of fields: the free fields of every update first, then the
+    transition fields (while running). Bind names are prefixed so they never clash with the column names
+    SQLAlchemy reserves for the SET clause."""
+    for guarded in (False, True):
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for request_id, fields in items:
+            part = _split(fields)[guarded]
+            if not part:
+                continue
+            params = {f"v_{k}": v for k, v in part.items()}
+            params["k_id"] = request_id
+            groups.setdefault(tuple(sorted(part)), []).append(params)
+        for keys, params_list in groups.items():
+            stmt = update(REQUESTS).where(REQUESTS.c.id == bindparam("k_id"))
+            stmt = stmt.values({k: bindparam(f"v_{k}") for k in keys})
+            if guarded:
+                stmt = stmt.where(REQUESTS.c.status == Status.RUNNING.value)
+            conn.execute(stmt, params_list)
