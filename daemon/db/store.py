@@ -357,11 +357,12 @@ class Store:
         Rows with the same set of fields go in one executemany statement. `updates` maps request id →
         fields; an update's `status` and `phase` apply only while the request is `running`
         (UPDATE … WHERE id = ? AND status = 'running'), so a late update does not undo a cancel or a
-        recovery; its other fields are written whatever the status (a separate UPDATE … WHERE id = ?). An update for a missing id matches
-        nothing. A load sample of an instance that has no `instances` row (not registered yet, or gone)
-        is skipped with a warning instead of failing the batch, so telemetry cannot make request rows
-        be dropped. Returns the number of rows handed to the database. MUST fail (and roll back the
-        whole batch) on any other database error, e.g. a duplicate insert or a missing table.
+        recovery; its other fields are written whatever the status (a separate UPDATE … WHERE id = ?).
+        An update for a missing id matches nothing. A load sample of an instance that has no `instances`
+        row (not registered yet, or gone) is skipped with a warning instead of failing the batch, so
+        telemetry cannot make request rows be dropped. Returns the number of rows handed to the database.
+        MUST fail (and roll back the whole batch) on any other database error, e.g. a duplicate insert or
+        a missing table.
         """
         insert_rows = [dict(r) for r in inserts]
         sample_rows = [dict(r) for r in load_samples]

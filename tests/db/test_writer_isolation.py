@@ -71,7 +71,15 @@ def _run(store: Store, sequence: list[tuple[Any, ...]]) -> tuple[set[str], dict[
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sequence=ops)
 # a count updated after the request was written finished, merged with a second finish: the count lands
-@example(sequence=[("insert", "r3", None), ("finish", "r3", None), ("flush",), ("tokens", "r3", 1, None), ("finish", "r3", None)])
+@example(
+    sequence=[
+        ("insert", "r3", None),
+        ("finish", "r3", None),
+        ("flush",),
+        ("tokens", "r3", 1, None),
+        ("finish", "r3", None),
+    ]
+)
 def test_no_valid_row_is_lost(sequence: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as d:
         store = Store.open(f"sqlite:///{Path(d) / 'tetri.db'}")
