@@ -76,7 +76,8 @@ class BadPrompt(ValueError):
 def _completion_ids(body: CompletionRequest, tok: Tokenizer | None) -> list[int]:
     p = body.prompt
     one: str | list[int] | None = None
-    if isinstance(p, str) or (isinstance(p, list) and p and all(isinstance(x, int) for x in p)):
+    # validated: a list is all ints, all strings or all lists (the schema's union), so its head says which
+    if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], int)):
         one = p  # type: ignore[assignment]
     elif isinstance(p, list) and len(p) == 1:
         one = p[0]  # type: ignore[assignment]
@@ -193,7 +194,7 @@ async def _admit(
     if not ids:
         return reject(400, "prompt must not be empty", "BadRequestError", "prompt")
     limit = min(gw.vocab_size(body.model) or INT32_MAX + 1, INT32_MAX + 1)
-    bad = next((t for t in ids if not 0 <= t < limit), None)
+    bad = None if min(ids) >= 0 and max(ids) < limit else next(t for t in ids if not 0 <= t < limit)
     if bad is not None:
         message = f"prompt token id {bad} is outside the model's vocabulary (0 … {limit - 1})"
         return reject(400, message, "BadRequestError", "prompt")
