@@ -78,7 +78,7 @@ def _completion_ids(body: CompletionRequest, tok: Tokenizer | None) -> list[int]
     one: str | list[int] | None = None
     # validated: a list is all ints, all strings or all lists (the schema's union), so its head says which
     if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], int)):
-        one = p  # type: ignore[assignment]
+        one = p
     elif isinstance(p, list) and len(p) == 1:
         one = p[0]  # type: ignore[assignment]
     if one is None:
