@@ -10,6 +10,8 @@ clock, no asyncio. The formulas, the figures and what is assumed are in docs/sim
 * A decode step over B sequences holding K KV tokens in all reads the weights once and all K tokens
   of KV: memory-bound, (weight bytes + K·kv_bytes_per_token) / effective bandwidth, but never less
   than its compute, (2·params·B + 4·layers·hidden·K) / effective FLOP/s; plus the overhead.
+* A mixed iteration (vLLM v1: prefill chunks in the same batch as decodes) reads the weights once; its
+  FLOPs and KV traffic are the prefill's plus the decode's, plus the prefill's overhead.
 * KV capacity (tokens) = ⌊(memory × utilization − weight bytes) / kv_bytes_per_token⌋ rounded down to a
   multiple of the block size.
 * KV transfer of N tokens over the profile's link = kv_bytes(N) / (link_gbps · 1e9 / 8).
@@ -142,6 +144,27 @@ class CostModel:
         flops = 2.0 * m.params * batch_size + 4.0 * m.num_layers * m.hidden_size * total_context_tokens
         compute = flops / self.effective_flops
         return self.profile.iteration_overhead_s + max(memory, compute)
+
+    # --- mixed (vLLM v1: prefill chunks batched with decodes) -------------------------------------
+
+    def mixed_batch_time(self, chunks: Iterable[tuple[int, int]], batch_size: int, decode_context_tokens: int) -> float:
+        """Seconds for one iteration that prefills `(num_tokens, context_tokens)` chunks and decodes one
+        token for each of `batch_size` sequences holding `decode_context_tokens` KV in all: the weights
+        are read once for both, the FLOPs and the KV traffic add up. With no chunks it is
+        `decode_step_time`, with no decodes `prefill_batch_time` (the overheads included)."""
+        _check_tokens(batch_size, decode_context_tokens)
+        chunks = list(chunks)
+        if batch_size == 0:
+            return self.prefill_batch_time(chunks)
+        if not chunks:
+            return self.decode_step_time(batch_size, decode_context_tokens)
+        m = self.profile.model
+        flops = sum(self.prefill_flops(n, c) for n, c in chunks)
+        flops += 2.0 * m.params * batch_size + 4.0 * m.num_layers * m.hidden_size * decode_context_tokens
+        kv_tokens = sum(n + c for n, c in chunks) + decode_context_tokens
+        memory = (m.weight_bytes + kv_tokens * m.kv_bytes_per_token) / self.effective_bandwidth
+        overhead = self.profile.iteration_overhead_s + self.profile.prefill_overhead_s
+        return overhead + max(flops / self.effective_flops, memory)
 
     # --- memory and transfer -------------------------------------------------------------------
 

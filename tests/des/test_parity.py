@@ -146,10 +146,25 @@ def test_simulator_and_live_engine_make_the_same_iterations_with_chunking_off_an
     _assert_same(_live(reqs, config), sim)
 
 
-@pytest.mark.parametrize("policy", [PolicySet(), PolicySet(predictor="oracle", decode_admission="reserve-dynamic")])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        PolicySet(),
+        PolicySet(predictor="oracle", decode_admission="reserve-dynamic"),
+        PolicySet(colocated_schedule="vllm-v0"),
+        PolicySet(colocated_schedule="vllm-v1"),
+    ],
+    ids=["prefill-first", "prefill-first-reserve-dynamic", "vllm-v0", "vllm-v1"],
+)
 def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: PolicySet):
     reqs = _workload("Mixed", 48, rate=6.0, seed=7)
     config = ClusterConfig(mode="vanilla", profile=PROFILE, instances=1, policy=policy)
     sim = _simulated(reqs, config)
-    assert any(p.kind == "prefill" for _, p in sim["c0"]) and any(p.kind == "decode" for _, p in sim["c0"])
+    kinds = {p.kind for _, p in sim["c0"]}
+    if policy.colocated_schedule == "vllm-v1":  # prefill chunks ride in the decode batches
+        assert "mixed" in kinds
+    else:
+        assert {"prefill", "decode"} <= kinds and "mixed" not in kinds
+    if policy.colocated_schedule == "vllm-v0":
+        assert any(p.padding for _, p in sim["c0"])
     _assert_same(_live(reqs, config), sim)

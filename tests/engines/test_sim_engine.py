@@ -476,7 +476,15 @@ def test_wrong_role_duplicate_id_and_bad_construction():
     assert (e.policies.chunk_size, e.policies.prefill_policy, e.policies.decode_admission) == (64, "fcfs", "greedy")
     assert e.chunked is True
     assert e.policy_stats() == dict.fromkeys(
-        ("preemptions", "wasted_prefill_tokens", "prefill_iterations", "decode_iterations", "admitted_by_policy"), 0
+        (
+            "preemptions",
+            "wasted_prefill_tokens",
+            "prefill_iterations",
+            "decode_iterations",
+            "mixed_iterations",
+            "admitted_by_policy",
+        ),
+        0,
     )
     e.configure(e.policies.changed(chunk_size=128, decode_admission="reserve-static"), chunked=False)
     assert (e.policies.chunk_size, e.policies.decode_admission, e.chunked) == (128, "reserve-static", False)

@@ -99,6 +99,7 @@ def test_fixed_size_chunks_with_the_last_one_padded():
             "wasted_prefill_tokens": 84,
             "prefill_iterations": 3,
             "decode_iterations": 0,
+            "mixed_iterations": 0,
             "admitted_by_policy": 0,
         }
         await pre.stop()

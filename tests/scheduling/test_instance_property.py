@@ -21,6 +21,7 @@ policies = st.builds(
     decode_admission=st.sampled_from(["greedy", "reserve-static", "reserve-dynamic", "plan"]),
     reserve_point=st.sampled_from(["lower", "mid", "upper"]),
     prefill_sched_batch=st.sampled_from([1, 4, 16]),
+    colocated_schedule=st.sampled_from(["prefill-first", "vllm-v0", "vllm-v1"]),
 )
 predictions = st.one_of(st.none(), st.tuples(st.integers(1, 100), st.integers(100, 300)))
 operations = st.one_of(

@@ -142,6 +142,7 @@ class _Instance:
         "iid",
         "inflight",
         "last",
+        "m_iters",
         "news",
         "outstanding",
         "p_iters",
@@ -169,6 +170,7 @@ class _Instance:
         self.last: float | None = None
         self.p_iters = 0
         self.d_iters = 0
+        self.m_iters = 0
 
 
 class _Sim:
@@ -324,12 +326,12 @@ class _Sim:
             self._push(now + self.cost.transfer_time(req.prompt), _LOADED, req)
         if not plan.pieces:
             return
-        if plan.kind == "prefill":
-            for piece in plan.pieces:  # a chunk's few pieces
+        if plan.kind != "decode":
+            for piece in plan.pieces:  # a chunk's few pieces (mixed: the decodes' requests started long ago)
                 req = self.reqs[piece.request_id]
                 if req.prefill_start is None:
                     req.prefill_start = now
-        elif inst.starting:  # requests about to decode for the first time (the step's others already do)
+        if plan.kind != "prefill" and inst.starting:  # requests about to decode for the first time
             ids = {p.request_id for p in plan.pieces}
             for req in inst.starting:
                 if req.sched.request_id in ids:
@@ -340,8 +342,10 @@ class _Sim:
             inst.first = now
         if plan.kind == "prefill":
             inst.p_iters += 1
-        else:
+        elif plan.kind == "decode":
             inst.d_iters += 1
+        else:
+            inst.m_iters += 1
         self._push(now + plan.duration, _DONE, inst)
 
     def _iteration_done(self, inst: _Instance) -> None:
@@ -350,12 +354,12 @@ class _Sim:
         inst.inflight = None
         inst.busy_s += plan.duration
         inst.last = self.now
-        self._outcome(inst, inst.sched.complete(plan), plan.kind == "prefill")
+        self._outcome(inst, inst.sched.complete(plan), plan.kind != "decode")
         self._news(inst)
 
     def _outcome(self, inst: _Instance, out: Outcome, prefill: bool) -> None:
         now = self.now
-        if prefill:  # first tokens come from prefills only
+        if prefill:  # first tokens come from prefills only (a prefill or mixed iteration)
             for rid, index in out.tokens:
                 if index == 0:
                     req = self.reqs[rid]
@@ -524,7 +528,7 @@ class _Sim:
                 )
             )
         instances = [
-            InstanceRecord(i.iid, tuple(i.roles), i.busy_s, i.first, i.last, i.p_iters, i.d_iters)
+            InstanceRecord(i.iid, tuple(i.roles), i.busy_s, i.first, i.last, i.p_iters, i.d_iters, i.m_iters)
             for i in self.instances
         ]
         return RunResult(

@@ -57,6 +57,7 @@ class InstanceRecord:
     last_activity: float | None
     prefill_iterations: int
     decode_iterations: int
+    mixed_iterations: int = 0  # vllm-v1: prefill chunks batched with decodes
 
     @property
     def span_s(self) -> float:

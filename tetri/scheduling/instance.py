@@ -26,9 +26,12 @@ Roles (docs/sim-engine.md has the details and the figures):
   plan, in plan order among the requests that are here). An admitted REMOTE request is **pulled**
   (`plan.pulled`): its KV is charged here from that moment (the prefill instance may free it) and it
   joins the running batch when the shell says it has `loaded`. Then one token per running request.
-* ``colocated``: vLLM's default prefill-first schedule: if the admission policy lets waiting prompts in,
-  a prefill iteration over them, whole and unpadded, up to ``prefill_budget`` (at least one; a
-  preempted request re-prefills its prompt and output so far); otherwise one decode step.
+* ``colocated``: one of the schedules of `tetri.scheduling.colocated` (`policies.colocated_schedule`).
+  ``prefill-first`` (the default): if the admission policy lets waiting prompts in, a prefill iteration
+  over them, whole and unpadded, up to ``prefill_budget`` (at least one; a preempted request re-prefills
+  its prompt and output so far); otherwise one decode step. ``vllm-v0``: the same, each prompt of a batch
+  padded to the batch's longest (the budget counts the padding). ``vllm-v1``: every running request's
+  next token, then prompt chunks up to the token budget ``token_budget`` in the same (mixed) iteration.
 
 KV is conserved: a request's KV is charged to exactly one instance from its prefill's KV admission until
 it finishes or is dropped (the charge moves to the decode instance when it pulls), and `check()`
@@ -95,7 +98,7 @@ class Piece(NamedTuple):
 class IterationPlan:
     """One iteration as planned. `pieces` empty: nothing runs (the plan only pulls KV)."""
 
-    kind: str  # "prefill" or "decode"
+    kind: str  # "prefill", "decode" or "mixed" (vllm-v1: decodes first, then prefill pieces)
     pieces: tuple[Piece, ...]
     duration: float  # model seconds on the cost model
     kv_used: int  # KV tokens in use (held or reserved) while it runs
@@ -190,6 +193,9 @@ class InstanceScheduler:
         )
         if self.prefill_budget < 1:
             raise ValueError("prefill budget must be positive")
+        # vllm-v1's tokens per iteration (max_num_batched_tokens): prompts are chunked to fit, so it need
+        # not hold a whole context
+        self.token_budget = prefill_budget if prefill_budget is not None else profile.max_batched_tokens
         self.policies = policies if policies is not None else PolicySet()
         self.chunked = bool(chunked)
         p = self.policies
@@ -365,8 +371,15 @@ class InstanceScheduler:
     def complete(self, plan: IterationPlan) -> Outcome:
         """The planned iteration has run: advance its requests. Requests aborted meanwhile are skipped."""
         if plan.kind == "prefill":
-            return self._complete_prefill(plan)
-        return self._complete_decode(plan)
+            return self._complete_prefill(plan.pieces)
+        if plan.kind == "decode":
+            return self._complete_decode(plan.pieces)
+        # mixed: the decode pieces are those of running requests, the rest prefill pieces
+        reqs, running = self._reqs, Phase.RUNNING
+        decode = [p for p in plan.pieces if (r := reqs.get(p.request_id)) is not None and r.phase is running]
+        prefill = [p for p in plan.pieces if (r := reqs.get(p.request_id)) is not None and r.phase is not running]
+        d, f = self._complete_decode(decode), self._complete_prefill(prefill)
+        return Outcome(d.tokens + f.tokens, f.prefilled, d.finished + f.finished)
 
     # --- prefill role ----------------------------------------------------------------------------------
 
@@ -416,11 +429,11 @@ class InstanceScheduler:
             return IterationPlan("prefill", pieces, self._prefill_time(pieces), self._used)
         return None
 
-    def _complete_prefill(self, plan: IterationPlan) -> Outcome:
+    def _complete_prefill(self, pieces: Sequence[Piece]) -> Outcome:
         tokens: list[tuple[str, int]] = []
         prefilled: list[str] = []
         finished: list[str] = []
-        for piece in plan.pieces:
+        for piece in pieces:
             r = self._reqs.get(piece.request_id)
             if r is None or r.phase is not Phase.PREFILLING:  # aborted during the iteration
                 continue
@@ -444,31 +457,94 @@ class InstanceScheduler:
                 self._running.append(r)
         return Outcome(tuple(tokens), tuple(prefilled), tuple(finished))
 
-    # --- colocated role: prefill-first ------------------------------------------------------------------
+    # --- colocated role (tetri.scheduling.colocated) -----------------------------------------------------
 
     def _schedule_colocated(self) -> IterationPlan | None:
+        schedule = self.policies.colocated_schedule
+        if schedule == "vllm-v1":
+            return self._schedule_mixed()
+        return self._schedule_prefill_first(padded=schedule == "vllm-v0")
+
+    def _start_prefill(self, r: _Req) -> int:
+        """Admit a waiting request to its (re-)prefill, charging its whole context; returns that context."""
+        need = r.req.prompt_len + r.n_out  # the prompt, plus output so far when recomputing
+        self._take_waiting(r)
+        r.phase = Phase.PREFILLING
+        r.kv = need
+        r.filled = 0
+        self._used += need
+        if r.n_out > 0:
+            self.recomputed_tokens += need
+        self._prefilling[r.req.request_id] = r
+        return need
+
+    def _schedule_prefill_first(self, *, padded: bool) -> IterationPlan | None:
+        """prefill-first (`padded`: vllm-v0): a prefill iteration over admitted prompts, else a decode step.
+        Prompts part-way through a vllm-v1 prefill (the schedule was just switched) finish first."""
         admitted: list[str] = []
-        pieces: list[Piece] = []
-        total = 0
+        pieces = [Piece(r.rid, r.filled, r.kv - r.filled) for r in self._prefilling.values()]
+        longest = max((p.tokens for p in pieces), default=0)
+        total = sum(p.tokens for p in pieces)
         for r in self._policy_admissions():
-            need = r.req.prompt_len + r.n_out  # the prompt, plus output so far when recomputing
-            if pieces and total + need > self.prefill_budget:
+            need = r.req.prompt_len + r.n_out
+            batch = max(longest, need) * (len(pieces) + 1) if padded else total + need
+            if pieces and batch > self.prefill_budget:
                 break
-            self._take_waiting(r)
-            r.phase = Phase.PREFILLING
-            r.kv = need
-            r.filled = 0
-            self._used += need
-            if r.n_out > 0:
-                self.recomputed_tokens += need
-            self._prefilling[r.req.request_id] = r
+            self._start_prefill(r)
             pieces.append(Piece(r.req.request_id, 0, need))
             admitted.append(r.req.request_id)
-            total += need
-        if pieces:
-            ps = tuple(pieces)
+            longest, total = max(longest, need), total + need
+        if not pieces:
+            return self._schedule_decode(admit_waiting=False)
+        ps = tuple(pieces)
+        if not padded:
             return IterationPlan("prefill", ps, self._prefill_time(ps), self._used, admitted=tuple(admitted))
-        return self._schedule_decode(admit_waiting=False)
+        padding = longest * len(ps) - total  # each prompt padded to the longest: computed, not kept
+        self.padding_tokens += padding
+        duration = self.cost.prefill_batch_time((longest, p.start) for p in ps)
+        return IterationPlan("prefill", ps, duration, self._used, padding=padding, admitted=tuple(admitted))
+
+    def _schedule_mixed(self) -> IterationPlan | None:
+        """vllm-v1: each running request's next token, then prompt chunks (those under way first, then
+        newly admitted ones) while the token budget lasts, in one iteration."""
+        running = self._running
+        preempted: list[str] = []
+        while running and self._used + len(running) > self.capacity:
+            r = running.pop()
+            preempted.append(r.req.request_id)
+            self._preempt(r)
+        pieces = [Piece(r.rid, r.kv, 1) for r in running]
+        left = self.token_budget - len(pieces)
+        chunks: list[Piece] = []
+        for r in self._prefilling.values():
+            if left <= 0:
+                break
+            take = min(r.kv - r.filled, left)
+            chunks.append(Piece(r.rid, r.filled, take))
+            left -= take
+        admitted: list[str] = []
+        if left > 0:
+            for r in self._policy_admissions():
+                need = self._start_prefill(r)
+                take = min(need, left)
+                chunks.append(Piece(r.rid, 0, take))
+                admitted.append(r.rid)
+                left -= take
+                if left <= 0:
+                    break
+        for r in running:
+            r.kv += 1  # the slot of the token this step feeds
+        self._used += len(running)
+        context = sum(r.kv for r in running)
+        if not pieces and not chunks:
+            if not preempted:
+                return None
+            return IterationPlan("decode", (), 0.0, self._used, preempted=tuple(preempted))
+        kind = "mixed" if pieces and chunks else ("decode" if pieces else "prefill")
+        duration = self.cost.mixed_batch_time(((p.tokens, p.start) for p in chunks), len(pieces), context)
+        return IterationPlan(
+            kind, (*pieces, *chunks), duration, self._used, admitted=tuple(admitted), preempted=tuple(preempted)
+        )
 
     # --- decode ----------------------------------------------------------------------------------------
 
@@ -531,11 +607,11 @@ class InstanceScheduler:
             pulled=tuple(pulled),
         )
 
-    def _complete_decode(self, plan: IterationPlan) -> Outcome:
+    def _complete_decode(self, pieces: Sequence[Piece]) -> Outcome:
         tokens: list[tuple[str, int]] = []
         finished: list[_Req] = []
         reqs, running = self._reqs, Phase.RUNNING
-        for rid, _, _ in plan.pieces:
+        for rid, _, _ in pieces:
             r = reqs.get(rid)
             if r is None or r.phase is not running:  # aborted during the iteration
                 continue

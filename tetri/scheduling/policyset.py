@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .admission import ADMISSION_POLICIES, RESERVE_POINTS
+from .colocated import COLOCATED_SCHEDULES
 from .dispatch import DISPATCH_POLICIES
 from .flip import FLIP_POLICIES
 from .predictor import PREDICTORS
@@ -39,6 +40,7 @@ class PolicySet:
     flip_low: float = 0.10
     flip_high: float = 0.80
     flip_window_s: float = 60.0
+    colocated_schedule: str = "prefill-first"  # prefill-first | vllm-v0 | vllm-v1 (tetri.scheduling.colocated)
 
     def __post_init__(self) -> None:
         choices = {
@@ -48,6 +50,7 @@ class PolicySet:
             "decode_admission": ADMISSION_POLICIES,
             "reserve_point": RESERVE_POINTS,
             "flip_policy": FLIP_POLICIES,
+            "colocated_schedule": COLOCATED_SCHEDULES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -130,6 +130,7 @@ class SimEngine(Engine):
         self.iterations = 0
         self.prefill_iterations = 0
         self.decode_iterations = 0
+        self.mixed_iterations = 0  # vllm-v1: prefill chunks batched with decodes
         self.tokens_emitted = 0  # output tokens produced (prefill role: first tokens)
         self.busy_time = 0.0  # model seconds spent in iterations
         self.on_iteration: Callable[[IterationStats], None] | None = None
@@ -204,6 +205,7 @@ class SimEngine(Engine):
             "wasted_prefill_tokens": self.wasted_prefill_tokens,
             "prefill_iterations": self.prefill_iterations,
             "decode_iterations": self.decode_iterations,
+            "mixed_iterations": self.mixed_iterations,
             "admitted_by_policy": self.admitted_by_policy,
         }
 
@@ -400,8 +402,10 @@ class SimEngine(Engine):
                 self.iterations += 1
                 if plan.kind == "prefill":
                     self.prefill_iterations += 1
-                else:
+                elif plan.kind == "decode":
                     self.decode_iterations += 1
+                else:
+                    self.mixed_iterations += 1
                 if self.on_iteration is not None:
                     self.on_iteration(
                         IterationStats(
