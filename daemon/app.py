@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tetri.clock import ClusterClock
-from tetri.config import DaemonSettings
+from tetri.config import DaemonSettings, start_policies
 
 from .api import admin, openai
 from .api.guard import BodyGuard, documented_openapi, validation_param
@@ -71,6 +71,8 @@ def create_app(
             clock,
             dead_after_s=settings.dead_after_s,
         )
+        if settings.policies:  # the cluster's first policy version: the workers apply it from the first broadcast
+            cluster.set_policies(start_policies(settings))
         predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
         gateway = Gateway(
             cluster,

@@ -14,12 +14,13 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
 from tetri import eventloop
-from tetri.config import ConfigError, DaemonSettings, load_daemon_settings
+from tetri.config import ConfigError, DaemonSettings, load_daemon_settings, start_policies
 from tetri.gcheap import freeze_startup_heap
 
 from .api.front import OpenAIFront
@@ -133,6 +134,20 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
     return 0
 
 
+def _policy_args(args: list[str]) -> dict[str, Any]:
+    """`--policy FIELD=VALUE` flags as a dict; a VALUE that reads as JSON (a number, true) is that value."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        field, eq, value = arg.partition("=")
+        if not eq or not field.strip():
+            raise ConfigError(f"--policy {arg!r}: expected FIELD=VALUE")
+        try:
+            out[field.strip()] = json.loads(value)
+        except ValueError:
+            out[field.strip()] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run the Tetri control-plane daemon.")
     ap.add_argument("--config", type=Path)
@@ -145,6 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token")
     ap.add_argument("--time-scale", type=float, help="The cluster clock: model seconds per wall second.")
     ap.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
+    ap.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="A runtime policy the cluster starts with (repeatable), e.g. colocated_schedule=vllm-v1.",
+    )
     a = ap.parse_args(argv)
     try:
         settings = load_daemon_settings(
@@ -158,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             token=a.token,
             time_scale=a.time_scale,
         )
+        if a.policy:  # over the configured ones, as every flag is
+            settings = settings.model_copy(update={"policies": settings.policies | _policy_args(a.policy)})
+            start_policies(settings)
         loop = eventloop.chosen()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,7 +14,9 @@ from tetri.config import (
     is_loopback,
     load_daemon_settings,
     load_worker_settings,
+    start_policies,
 )
+from tetri.scheduling.policyset import PolicySet
 
 
 @pytest.fixture(autouse=True)
@@ -309,3 +311,28 @@ def test_settings_classes_forbid_extra() -> None:
         DaemonSettings(nonsense=1)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="nonsense"):
         WorkerSettings(nonsense=1)  # type: ignore[call-arg]
+
+
+def test_starting_policies_from_the_file_and_their_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "t.toml"
+    cfg.write_text('[daemon]\npolicies = {colocated_schedule = "vllm-v1", chunk_size = 256}\n')
+    s = load_daemon_settings(cfg)
+    assert start_policies(s) == PolicySet(colocated_schedule="vllm-v1", chunk_size=256)
+    assert start_policies(load_daemon_settings(None)) == PolicySet()
+    for text, field in (("{colocated_schedule = 'v9'}", "colocated_schedule"), ("{nope = 1}", "nope")):
+        cfg.write_text(f"[daemon]\npolicies = {text}\n")
+        with pytest.raises(ConfigError, match=rf"^\[daemon\] policies\.{field}: "):
+            load_daemon_settings(cfg)
+
+
+def test_the_daemon_flag_sets_a_starting_policy_and_refuses_a_bad_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from daemon.main import _policy_args, main
+
+    assert _policy_args(["colocated_schedule=vllm-v0", "chunk_size=128"]) == {
+        "colocated_schedule": "vllm-v0",
+        "chunk_size": 128,
+    }
+    assert main(["--port", "0", "--grpc-port", "0", "--policy", "colocated_schedule=v9"]) == 2
+    assert "policies.colocated_schedule" in capsys.readouterr().err
+    assert main(["--policy", "chunk_size"]) == 2
+    assert "--policy 'chunk_size': expected FIELD=VALUE" in capsys.readouterr().err

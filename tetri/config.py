@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .scheduling.policyset import PolicyError, PolicySet
+
 Role = Literal["prefill", "decode", "colocated"]
 
 
@@ -91,6 +93,11 @@ class DaemonSettings(BaseSettings):
     tls_cert_file: str | None = Field(None, description="PEM certificate: serve HTTP and gRPC over TLS.")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
     tls_ca_file: str | None = Field(None, description="PEM CA bundle that signed the workers' certificates.")
+    policies: dict[str, Any] = Field(
+        default_factory=dict,
+        description='The runtime policies the cluster starts with (`{colocated_schedule = "vllm-v1"}`; any '
+        "field of `tetrictl policy show`); changed later with `tetrictl policy set`.",
+    )
 
     def grpc_token(self) -> str | None:
         return self.cluster_token or self.token
@@ -223,7 +230,16 @@ def load_daemon_settings(path: Path | None = None, **overrides: Any) -> DaemonSe
     s: DaemonSettings = _build(DaemonSettings, path, "daemon", overrides)
     if s.needs_token() and not s.token:
         raise ConfigError("daemon bound off loopback needs a token (--token or TETRI_DAEMON_TOKEN)")
+    start_policies(s)
     return s
+
+
+def start_policies(s: DaemonSettings) -> PolicySet:
+    """The policies the daemon starts with (`policies` over the defaults); ConfigError names a bad field."""
+    try:
+        return PolicySet().changed(**s.policies)
+    except PolicyError as e:
+        raise ConfigError(f"[daemon] policies.{e}") from None
 
 
 def load_worker_settings(path: Path | None = None, **overrides: Any) -> WorkerSettings:

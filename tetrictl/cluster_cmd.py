@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from tetri.scheduling.colocated import BASELINES
+
 from . import exitcodes
 from .output import fail, out, print_json
 from .procs import StartError, start_local_cluster
@@ -147,6 +149,13 @@ def up(
     prefill: Annotated[int, typer.Option(help="Prefill instances (disaggregated).")] = 1,
     decode: Annotated[int, typer.Option(help="Decode instances (disaggregated).")] = 1,
     colocated: Annotated[int, typer.Option(help="Colocated instances (colocated mode).")] = 2,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="Colocated mode: schedule the instances as vllm-v0 (prefill-first, padded prompt batches) or "
+            "vllm-v1 (chunked prefill mixed into decode batches); default prefill-first (docs/scheduling.md)."
+        ),
+    ] = None,
     profile: Annotated[str, typer.Option(help="Sim engine profile.")] = "opt-13b-v100",
     time_scale: Annotated[
         float, typer.Option(help="Sim: model seconds per wall second (the workers' and the daemon's clock).")
@@ -161,6 +170,10 @@ def up(
     SIGTERM stops everything, the daemon first: it drains its in-flight requests."""
     if mode not in ("disaggregated", "colocated"):
         fail(f"--mode must be disaggregated or colocated, not {mode!r}")
+    if baseline is not None and baseline not in BASELINES:
+        fail(f"--baseline must be one of {', '.join(BASELINES)}, not {baseline!r}")
+    if baseline is not None and mode != "colocated":
+        fail("--baseline schedules colocated instances: use it with --mode colocated")
     counts = {"prefill": prefill, "decode": decode} if mode == "disaggregated" else {"colocated": colocated}
     for role, n in counts.items():
         if n < 1:
@@ -183,15 +196,16 @@ def up(
             port=port,
             grpc_port=grpc_port,
             config=config,
+            policies={"colocated_schedule": baseline} if baseline else None,
         )
     except StartError as e:
         fail(str(e), exitcodes.REFUSED)
-    doc = {"url": cluster.url, "grpc": cluster.grpc, "mode": mode, "workers": cluster.workers}
+    doc = {"url": cluster.url, "grpc": cluster.grpc, "mode": mode, "baseline": baseline, "workers": cluster.workers}
     if json_out:
         print_json(doc)
     else:
         out.print(
-            f"Tetri is up at [bold]{cluster.url}[/] ({mode}; "
+            f"Tetri is up at [bold]{cluster.url}[/] ({mode}{' as ' + baseline if baseline else ''}; "
             + ", ".join(f"{w['role']} {w['instance_id']}" for w in cluster.workers)
             + "). Ctrl-C stops it."
         )

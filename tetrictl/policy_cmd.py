@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from tetri.scheduling.admission import ADMISSION_POLICIES, RESERVE_POINTS
+from tetri.scheduling.colocated import COLOCATED_SCHEDULES
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
 from tetri.scheduling.predictor import PREDICTORS
 from tetri.scheduling.prefill import PREFILL_POLICIES
@@ -56,6 +57,12 @@ def set_(
             "--reserve-point", help=f"Point of a predicted bucket reserve policies count: {_choices(RESERVE_POINTS)}."
         ),
     ] = None,
+    colocated_schedule: Annotated[
+        str | None,
+        typer.Option(
+            "--colocated-schedule", help=f"How colocated instances schedule: {_choices(COLOCATED_SCHEDULES)}."
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -73,12 +80,13 @@ def set_(
         "dispatch": dispatch,
         "decode_admission": decode,
         "reserve_point": reserve_point,
+        "colocated_schedule": colocated_schedule,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:
         fail(
             "nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode"
-            " --reserve-point …"
+            " --reserve-point --colocated-schedule …"
         )
 
     async def body(c: TetriClient) -> dict[str, Any]:

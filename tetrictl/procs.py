@@ -135,11 +135,15 @@ def start_local_cluster(
     port: int = 0,
     grpc_port: int = 0,
     config: Path | None = None,
+    policies: dict[str, str] | None = None,
 ) -> LocalCluster:
     """Start the daemon, then one worker per role, each waited for; on failure nothing is left running.
-    Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md)."""
+    Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md). `policies`: the
+    runtime policies the cluster starts with (the daemon's `--policy FIELD=VALUE`)."""
     dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
     dargs += ["--time-scale", str(time_scale)]
+    for name, value in (policies or {}).items():
+        dargs += ["--policy", f"{name}={value}"]
     if config is not None:
         dargs += ["--config", str(config)]
     # one random cluster token per cluster: every gRPC call between its processes carries it, so no

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -87,3 +90,33 @@ def start_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+def tetrictl_up(args: list[str]) -> tuple[subprocess.Popen[str], dict]:
+    """`tetrictl up … --json` in a child process and its JSON document (url, mode, workers …)."""
+    p = spawn("tetrictl.app", ["up", *args, "--json"])
+    text = ""
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            text += p.stdout.readline()  # type: ignore[union-attr]
+            try:
+                return p, json.loads(text)
+            except json.JSONDecodeError:
+                assert time.monotonic() < deadline and p.poll() is None, text
+    except BaseException:
+        stop_up(p)
+        raise
+
+
+def stop_up(p: subprocess.Popen[str]) -> None:
+    """SIGTERM first: `up` stops its children (SIGKILL would orphan them)."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    if p.stdout is not None:
+        p.stdout.close()

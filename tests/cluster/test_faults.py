@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from tetri.costmodel import load_profile
 from tetrictl.procs import spawn, wait_ready
 from workers.engines.sim import sim_token
 
-from .harness import all_rows, start_cluster
+from .harness import all_rows, start_cluster, stop_up, tetrictl_up
 
 pytestmark = pytest.mark.slow
 MODEL = "tetri-sim"
@@ -163,33 +162,9 @@ def test_restart_marks_in_flight_requests_interrupted(tmp_path: Path):
 
 
 def test_tetrictl_up_starts_and_stops_cleanly(tmp_path: Path):
-    p = spawn(
-        "tetrictl.app",
-        [
-            "up",
-            "--port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--state-dir",
-            str(tmp_path),
-            "--profile",
-            "tiny",
-            "--time-scale",
-            "50",
-            "--json",
-        ],
-    )
+    args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(tmp_path), "--profile", "tiny", "--time-scale", "50"]
+    p, doc = tetrictl_up(args)
     try:
-        text = ""
-        deadline = time.monotonic() + 60
-        while True:
-            text += p.stdout.readline()  # type: ignore[union-attr]
-            try:
-                doc = json.loads(text)
-                break
-            except json.JSONDecodeError:
-                assert time.monotonic() < deadline and p.poll() is None
         assert doc["mode"] == "disaggregated" and {w["role"] for w in doc["workers"]} == {"prefill", "decode"}
         r = httpx.post(doc["url"] + "/v1/completions", json={"model": MODEL, "prompt": "up", "max_tokens": 4})
         assert r.status_code == 200
@@ -198,14 +173,7 @@ def test_tetrictl_up_starts_and_stops_cleanly(tmp_path: Path):
         with pytest.raises(httpx.ConnectError):
             httpx.get(doc["url"] + "/healthz", timeout=2)
     finally:
-        if p.poll() is None:  # SIGTERM first: `up` stops its children; SIGKILL would orphan them
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        p.stdout.close()  # type: ignore[union-attr]
+        stop_up(p)
 
 
 def test_cancel_in_flight(tmp_path: Path):
