@@ -1,5 +1,5 @@
-"""TetriInfer vs vanilla vLLM on the discrete-event simulator: the paper's table, the ablations, a
-sensitivity study of the comparison's setup, and the simulator's speed.
+"""TetriInfer vs the vLLM baselines (vllm-v0, vllm-v1) on the discrete-event simulator: the paper's
+table, the ablations, a sensitivity study of the comparison's setup, and the simulator's speed.
 
     python bench/tetriinfer_bench.py                    # everything (about a minute)
     python bench/tetriinfer_bench.py --only table       # table | ablations | sensitivity | speed | agreement
@@ -43,27 +43,28 @@ def ablations(seed: int) -> None:
 def sensitivity(seed: int) -> None:
     """The same comparison under other readings of the paper's setup (unpublished, see docs/bench.md)."""
     variants = [
-        ("1P+1D vs vLLM ×2, Poisson 0.8 (default)", BenchSetup(seed=seed)),
-        ("1P+1D vs vLLM ×2, burst", BenchSetup(seed=seed, burst=True)),
-        ("1P+1D vs vLLM ×1, Poisson 0.8", BenchSetup(seed=seed, vanilla_instances=1)),
-        ("1P+1D vs vLLM ×1, burst", BenchSetup(seed=seed, vanilla_instances=1, burst=True)),
-        ("1P+3D vs vLLM ×4, Poisson 0.8", BenchSetup(seed=seed, instances=4, prefill_instances=1)),
+        ("1P+1D vs ×2, Poisson 0.8 (default)", BenchSetup(seed=seed)),
+        ("1P+1D vs ×2, burst", BenchSetup(seed=seed, burst=True)),
+        ("1P+1D vs ×1, Poisson 0.8", BenchSetup(seed=seed, vanilla_instances=1)),
+        ("1P+1D vs ×1, burst", BenchSetup(seed=seed, vanilla_instances=1, burst=True)),
+        ("1P+3D vs ×4, Poisson 0.8", BenchSetup(seed=seed, instances=4, prefill_instances=1)),
     ]
     rows = []
     for label, setup in variants:
         doc = run_bench(WORKLOADS, setup)
         for w in doc["workloads"]:
-            c = w["change"]
-            rows.append(
-                (
-                    label,
-                    w["workload"],
-                    *[f"{c[k]:+.0%}" for k in ("avg_ttft_s", "avg_jct_s", "cost_gpu_s")],
-                    f"{c['perf_per_dollar']:.2f}×",
+            for baseline, c in w["change"].items():
+                rows.append(
+                    (
+                        label,
+                        w["workload"],
+                        baseline,
+                        *[f"{c[k]:+.0%}" for k in ("avg_ttft_s", "avg_jct_s", "cost_gpu_s")],
+                        "—" if c["perf_per_dollar"] is None else f"{c['perf_per_dollar']:.2f}×",
+                    )
                 )
-            )
-    cols = ["setup", "workload", "TTFT", "JCT", "cost (GPU·s)", "perf/$ (good req/$)"]
-    table("sensitivity: TetriInfer's change vs vLLM", cols, rows)
+    cols = ["setup", "workload", "vs", "TTFT", "JCT", "cost (GPU·s)", "perf/$ (good req/$)"]
+    table("sensitivity: TetriInfer's change vs each baseline", cols, rows)
 
 
 def speed(seed: int) -> None:
@@ -72,7 +73,8 @@ def speed(seed: int) -> None:
         requests, tetri = speed_workload(10_000, 32, seed, profile)
         for label, cfg in (
             ("TetriInfer 16P+16D", tetri),
-            ("vLLM ×32", vanilla_config(BenchSetup(profile=profile, instances=32))),
+            ("vllm-v0 ×32", vanilla_config(BenchSetup(profile=profile, instances=32), "vllm-v0")),
+            ("vllm-v1 ×32", vanilla_config(BenchSetup(profile=profile, instances=32), "vllm-v1")),
         ):
             t0 = time.perf_counter()
             res = simulate(requests, cfg)
@@ -91,7 +93,8 @@ def agreement(seed: int) -> None:
     for name, n, scale in (("LPLD", 32, 1.0), ("Mixed", 32, 2.0), ("LPHD", 16, 2.0)):
         setup = BenchSetup(profile="opt-13b-v100", instances=2, n=n, seed=seed)
         requests = requests_for(name, setup, calibrated_rate(name, setup, des_runner))
-        for system, config in (("TetriInfer", tetri_config(setup)), ("vLLM", vanilla_config(setup))):
+        systems = [("TetriInfer", tetri_config(setup))] + [(b, vanilla_config(setup, b)) for b in setup.baselines]
+        for system, config in systems:
             d = summarize(des_runner(requests, config))
             live = summarize(live_runner(scale)(requests, config))
             rows.append(

@@ -11,7 +11,6 @@ import pytest
 
 from tetri.des.experiments import (
     TETRI,
-    VANILLA,
     BenchSetup,
     calibrated_rate,
     des_runner,
@@ -28,7 +27,7 @@ pytestmark = pytest.mark.slow
 def test_live_and_simulated_runs_agree_on_jct():
     setup = BenchSetup(profile="opt-13b-v100", instances=2, n=16, seed=0)
     requests = requests_for("LPLD", setup, calibrated_rate("LPLD", setup, des_runner))
-    for config in (tetri_config(setup), vanilla_config(setup)):
+    for config in (tetri_config(setup), vanilla_config(setup, "vllm-v0"), vanilla_config(setup, "vllm-v1")):
         des = summarize(des_runner(requests, config))
         live = summarize(live_runner(time_scale=1.0)(requests, config))
         assert live["n"] == des["n"] == 16
@@ -67,7 +66,7 @@ def test_bench_live_mode_from_the_cli():
     doc = json.loads(r.stdout)
     assert doc["mode"] == "live"
     systems = doc["workloads"][0]["systems"]
-    assert set(systems) == {TETRI, VANILLA}
+    assert set(systems) == {TETRI, "vllm-v0", "vllm-v1"}
     assert all(s["n"] == 8 and s["avg_jct_s"] > 0 for s in systems.values())
 
 

@@ -27,11 +27,13 @@ def test_json_has_both_systems_and_every_metric():
     assert row["workload"] == "LPLD" and row["rate_rps"] > 0
     keys = {k for k, _, _ in HEADLINE}
     assert {m["key"] for m in doc["metrics"]} == keys
-    for system in ("TetriInfer", "vLLM"):
+    assert doc["setup"]["baselines"] == ["vllm-v0", "vllm-v1"]
+    for system in ("TetriInfer", "vllm-v0", "vllm-v1"):
         m = row["systems"][system]
         assert keys <= set(m) and m["n"] == 32
         assert 0 < m["avg_ttft_s"] <= m["avg_jct_s"]
-    assert set(row["change"]) == keys
+    assert set(row["change"]) == {"vllm-v0", "vllm-v1"}
+    assert all(set(c) == keys for c in row["change"].values())
     assert "ablations" not in doc
 
 
@@ -40,7 +42,7 @@ def test_plot_and_table(tmp_path: Path):
     r = tetrictl("bench", "--workloads", "lpld,HPLD", "-n", "16", "--plot", str(png))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "TetriInfer" in r.stdout and "vLLM" in r.stdout and "HPLD" in r.stdout
+    assert "TetriInfer vs vllm-v0" in r.stdout and "TetriInfer vs vllm-v1" in r.stdout and "HPLD" in r.stdout
 
 
 def test_json_with_plot_and_burst(tmp_path: Path):
@@ -62,6 +64,8 @@ def test_json_with_plot_and_burst(tmp_path: Path):
         (["--profile", "no-such-gpu"], "unknown profile"),
         (["--price", "0"], "price"),
         (["--prefill-instances", "2"], "prefill instances"),
+        (["--baseline", "vllm-v9"], "unknown baseline 'vllm-v9'"),
+        (["--baseline", "vllm-v1,vllm-v1"], "each baseline once"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], needle: str):

@@ -1,4 +1,4 @@
-"""`tetrictl bench`: TetriInfer vs vanilla vLLM on the paper's workloads, from the terminal.
+"""`tetrictl bench`: TetriInfer vs the vLLM baselines (vllm-v0, vllm-v1) on the paper's workloads.
 
 A thin shell over `tetri.des.experiments`: it validates input, runs the experiments on the discrete-
 event simulator (`--mode des`) or on live sim clusters started on loopback (`--mode live`, `bench_live`),
@@ -13,10 +13,11 @@ from typing import Annotated, Any
 import typer
 
 from tetri.costmodel import load_profile
-from tetri.des.experiments import TETRI, VANILLA, BenchSetup, des_runner, run_ablations, run_bench
+from tetri.des.experiments import TETRI, BenchSetup, des_runner, run_ablations, run_bench
 from tetri.des.metrics import RATIOS
 from tetri.des.slo import parse_slos
 from tetri.des.workloads import WORKLOADS, WorkloadSpecError, check_workload_name
+from tetri.scheduling.colocated import BASELINES
 
 from .bench_live import live_runner
 from .output import print_json, progress, table, user_errors
@@ -32,8 +33,17 @@ def bench(
         int | None, typer.Option("--prefill-instances", help="TetriInfer prefill instances (default: half).")
     ] = None,
     vanilla_instances: Annotated[
-        int | None, typer.Option("--vanilla-instances", help="vLLM instances (default: --instances).")
+        int | None, typer.Option("--vanilla-instances", help="Instances of each baseline (default: --instances).")
     ] = None,
+    baseline: Annotated[
+        str,
+        typer.Option(
+            "--baseline",
+            help="Comma-separated colocated baselines to compare with: vllm-v0 (the paper's: prefill-first, "
+            "padded prompt batches), vllm-v1 (today's: chunked prefill mixed into decode batches); the first "
+            "calibrates --load.",
+        ),
+    ] = ",".join(BASELINES),
     profile: Annotated[str, typer.Option("--profile", help="Cost-model profile (profiles.toml).")] = "opt-13b-v100",
     seed: Annotated[int, typer.Option("--seed", help="Seed for lengths, arrivals, predictor and dispatch.")] = 0,
     price: Annotated[float, typer.Option("--price", help="Dollars per GPU-hour, for perf/$.")] = 2.0,
@@ -46,7 +56,7 @@ def bench(
         ),
     ] = None,
     load: Annotated[
-        float, typer.Option("--load", help="Arrival rate as a fraction of vLLM's saturated throughput.")
+        float, typer.Option("--load", help="Arrival rate as a fraction of the first baseline's saturated throughput.")
     ] = 0.8,
     burst: Annotated[bool, typer.Option("--burst", help="All requests arrive at t = 0 (ignores --load).")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG, one panel per metric.")] = None,
@@ -61,8 +71,8 @@ def bench(
     ] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
 ) -> None:
-    """TetriInfer vs vanilla vLLM per workload (DES or live): TTFT, TPOT, JCT, goodput within the SLOs,
-    cost (provisioned GPUs × wall time) and perf/$ (requests within their SLOs per dollar)."""
+    """TetriInfer vs each vLLM baseline per workload (DES or live): TTFT, TPOT, JCT, goodput within the
+    SLOs, cost (provisioned GPUs × wall time) and perf/$ (requests within their SLOs per dollar)."""
     with user_errors():
         names = [check_workload_name(w) for w in workloads.split(",") if w.strip()]
         if not names:
@@ -82,6 +92,7 @@ def bench(
             load=load,
             burst=burst,
             slo=parse_slos(slo or []),
+            baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
         )
         if mode not in ("des", "live"):
             raise WorkloadSpecError(f"--mode must be des or live, not {mode!r}")
@@ -121,20 +132,25 @@ def print_tables(doc: dict[str, Any]) -> None:
     s = doc["setup"]
     metrics = doc["metrics"]
     split = s["tetri_split"]
-    arrivals = "burst at t = 0" if s["load"] is None else f"Poisson at {s['load']:g} × vLLM's saturated rate"
+    baselines = s["baselines"]
+    arrivals = "burst at t = 0" if s["load"] is None else f"Poisson at {s['load']:g} × {baselines[0]}'s saturated rate"
     head = (
         f"{s['profile']}, n = {s['n']}, seed {s['seed']}, {arrivals}; TetriInfer {split['prefill']}P+{split['decode']}D"
-        f" vs vLLM ×{s['vanilla_instances']}; SLO {s['slo']['label']}"
+        f" vs ×{s['vanilla_instances']} colocated; SLO {s['slo']['label']}"
     )
-    table(
-        f"TetriInfer vs vLLM (DES): change — {head}",
-        ["workload", *[m["label"] for m in metrics]],
-        [(w["workload"], *[_change(m["key"], w["change"][m["key"]]) for m in metrics]) for w in doc["workloads"]],
-    )
+    for b in baselines:
+        table(
+            f"TetriInfer vs {b} ({doc['mode'].upper()}): change — {head}",
+            ["workload", *[m["label"] for m in metrics]],
+            [
+                (w["workload"], *[_change(m["key"], w["change"][b][m["key"]]) for m in metrics])
+                for w in doc["workloads"]
+            ],
+        )
     rows = []
     for w in doc["workloads"]:
         rate = "burst" if w["rate_rps"] is None else f"{w['rate_rps']:.3g}/s"
-        for system in (TETRI, VANILLA):
+        for system in (TETRI, *baselines):
             m = w["systems"][system]
             rows.append((w["workload"], rate, system, *[m[x["key"]] for x in metrics], m["preemptions"]))
     table("absolute values", ["workload", "rate", "system", *[m["label"] for m in metrics], "preemptions"], rows)
@@ -200,8 +216,8 @@ def print_ablations(a: dict[str, Any]) -> None:
 
 
 def write_plot(doc: dict[str, Any], path: Path) -> None:
-    """One panel per headline metric: grouped bars (TetriInfer, vLLM) per workload, on log scales (the
-    workloads differ by orders of magnitude) unless a value is 0 (no request within the SLOs)."""
+    """One panel per headline metric: grouped bars (TetriInfer and each baseline) per workload, on log scales
+    (the workloads differ by orders of magnitude) unless a value is 0 (no request within the SLOs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,23 +230,27 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
     x = np.arange(len(names))
     cols = 3
     nrows = (len(metrics) + cols - 1) // cols
+    systems = (TETRI, *doc["setup"]["baselines"])
+    width = 0.8 / len(systems)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
     for k, m in enumerate(metrics):
         ax = axes[k // cols][k % cols]
-        for j, system in enumerate((TETRI, VANILLA)):
+        for j, system in enumerate(systems):
             vals = [w["systems"][system][m["key"]] for w in rows]
-            ax.bar(x + (j - 0.5) * 0.38, vals, 0.38, label=system)
+            ax.bar(x + (j - (len(systems) - 1) / 2) * width, vals, width, label=system)
         label = m["label"].replace("$", r"\$")  # not mathtext
         ax.set_title(f"{label} ({m['better']} is better)", fontsize=9)
         ax.set_xticks(x, names, fontsize=8)
-        if all(w["systems"][sy][m["key"]] > 0 for w in rows for sy in (TETRI, VANILLA)):
+        if all(w["systems"][sy][m["key"]] > 0 for w in rows for sy in systems):
             ax.set_yscale("log")
         ax.tick_params(axis="y", labelsize=8)
     for k in range(len(metrics), nrows * cols):
         axes[k // cols][k % cols].axis("off")
     axes[0][0].legend(fontsize=8)
     s = doc["setup"]
-    fig.suptitle(f"TetriInfer vs vLLM (DES) — {s['profile']}, n = {s['n']}", fontsize=10)
+    fig.suptitle(
+        f"TetriInfer vs {', '.join(s['baselines'])} ({doc['mode'].upper()}) — {s['profile']}, n = {s['n']}", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

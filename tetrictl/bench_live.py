@@ -1,13 +1,14 @@
 """The live runner for `tetrictl bench --mode live`: the same experiments, run on real processes.
 
 For each run it starts a daemon and sim workers on loopback (as `tetrictl up` does) in the run's
-layout (TetriInfer: prefill + decode instances with the run's policies set through the admin API;
-vanilla: colocated instances), replays the workload at its arrival times through the OpenAI endpoint
-(model time runs `time_scale` × faster than the wall, for the daemon's clock as for the workers'), and
-reads back per-request records from the status table, whose times are already model time (one clock per
-cluster, docs/cluster.md). It produces the simulator's `RunResult`, so every table works unchanged.
-What the status table does not know is left out: busy time is taken as each instance's span, and chunk
-padding and recomputed tokens are reported as 0.
+layout (TetriInfer: prefill + decode instances; a baseline: colocated instances; the run's policies —
+TetriInfer's, or the baseline's colocated schedule — set through the admin API), replays the workload
+at its arrival times through the OpenAI endpoint (model time runs `time_scale` × faster than the wall,
+for the daemon's clock as for the workers'), and reads back per-request records from the status table,
+whose times are already model time (one clock per cluster, docs/cluster.md). It produces the
+simulator's `RunResult`, so every table works unchanged. What the status table does not know is left
+out: busy time is taken as each instance's span, and chunk padding and recomputed tokens are reported
+as 0.
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ async def _run(
     url: str, config: ClusterConfig, requests: Sequence[Request], scale: float
 ) -> tuple[dict[str, str], dict[str, dict], float, int]:
     async with TetriClient(Target(url, None), timeout=30) as c:
-        if config.mode == "tetri":
-            await c.set_policies(config.policy.to_dict())
+        await c.set_policies(config.policy.to_dict())  # TetriInfer's, or the baseline's colocated schedule
         deadline = time.monotonic() + 10  # every worker runs the policies before the first request
         while {i["policy_version"] for i in await c.instances()} != {(await c.policies())["version"]}:
             if time.monotonic() > deadline:

@@ -355,7 +355,7 @@ def test_run_bench_is_plain_data():
     json.dumps(doc, allow_nan=False)
     assert [w["workload"] for w in doc["workloads"]] == ["LPLD", "HPLD"]
     for w in doc["workloads"]:
-        for system in ("TetriInfer", "vLLM"):
+        for system in ("TetriInfer", "vllm-v0", "vllm-v1"):
             assert {k for k, _, _ in HEADLINE} <= set(w["systems"][system])
         assert w["rate_rps"] > 0
 

@@ -1,4 +1,4 @@
-"""The bench (TetriInfer vs vanilla vLLM per workload) and the ablations, as functions returning plain
+"""The bench (TetriInfer vs the vLLM baselines per workload) and the ablations, as functions returning plain
 data (dicts, lists, floats, strings: JSON-ready). `tetrictl bench` and `bench/tetriinfer_bench.py` print
 them; docs/bench.md explains the choices.
 
@@ -10,10 +10,13 @@ Systems (one instance = one GPU, the same budget for both):
 * TetriInfer: `prefill_instances` prefill + the rest decode; ChunkSize 512, sjf with PrefillSchedBatch
   16, oracle predictor at 74.9% accuracy over 200-token buckets, power-of-two dispatch, reserve-dynamic
   decode admission (FACTS: the paper's settings).
-* vLLM: the same number of colocated instances, prefill-first, whole prompts, greedy admission.
+* The baselines, by name (`tetri.scheduling.colocated`), each on the same number of colocated instances
+  with greedy admission: `vllm-v0` (the paper's vLLM of early 2024: prefill-first, prompt batches padded
+  to their longest, recompute preemption) and `vllm-v1` (today's: chunked prefill mixed into the decode
+  batches under the token budget). Every result compares TetriInfer with each (`change[baseline]`).
 
-Arrival rate: `load` × the vanilla system's saturated throughput on the same requests (all arriving at
-t = 0, simulated once), so a rate means the same thing on every profile: at load 0.8 the baseline is
+Arrival rate: `load` × the first baseline's saturated throughput on the same requests (all arriving at
+t = 0, simulated once), so a rate means the same thing on every profile: at load 0.8 that baseline is
 busy but keeps up on average.
 """
 
@@ -26,6 +29,7 @@ from typing import Any
 
 from tetri.costmodel import CostModel, load_profile
 from tetri.scheduling.admission import RESERVE_POINTS
+from tetri.scheduling.colocated import BASELINES
 from tetri.scheduling.policyset import PolicySet
 
 from .cluster import ClusterConfig, simulate
@@ -46,7 +50,6 @@ Runner = Callable[[Sequence[Request], ClusterConfig], RunResult]
 Progress = Callable[[int, int], None]
 
 TETRI = "TetriInfer"
-VANILLA = "vLLM"
 PAPER_ACCURACY = 0.749  # FACTS: the OPT-125M predictor's accuracy over 200-token buckets
 TETRI_POLICY = PolicySet(
     prefill_policy="sjf",
@@ -58,7 +61,8 @@ TETRI_POLICY = PolicySet(
     dispatch="pot",
     decode_admission="reserve-dynamic",
 )
-VANILLA_POLICY = PolicySet()  # colocated instances use only the (greedy) vLLM rules
+# colocated instances use only the baseline's schedule and vLLM's (greedy) admission
+BASELINE_POLICIES = {b: PolicySet(colocated_schedule=b) for b in BASELINES}
 
 
 def des_runner(requests: Sequence[Request], config: ClusterConfig) -> RunResult:
@@ -84,6 +88,7 @@ class BenchSetup:
     load: float = 0.8
     burst: bool = False  # all requests at t = 0 instead of Poisson arrivals
     slo: SloSet = DEFAULT_SLO  # what goodput and perf/$ count as served well
+    baselines: tuple[str, ...] = BASELINES  # compared with TetriInfer; the first calibrates the rate
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -98,6 +103,10 @@ class BenchSetup:
             raise WorkloadSpecError(f"the price must be positive, got {self.price}")
         if not 0 < self.load <= 10:
             raise WorkloadSpecError(f"the load must be within (0, 10], got {self.load}")
+        bad = [b for b in self.baselines if b not in BASELINES]
+        if bad or not self.baselines or len(set(self.baselines)) != len(self.baselines):
+            what = f"unknown baseline {bad[0]!r}" if bad else "each baseline once, at least one"
+            raise WorkloadSpecError(f"{what} (choose from {', '.join(BASELINES)})")
 
     @property
     def n_prefill(self) -> int:
@@ -120,9 +129,11 @@ def tetri_config(setup: BenchSetup, policy: PolicySet = TETRI_POLICY, **changes:
     return replace(cfg, **changes) if changes else cfg
 
 
-def vanilla_config(setup: BenchSetup) -> ClusterConfig:
+def vanilla_config(setup: BenchSetup, baseline: str | None = None) -> ClusterConfig:
+    """The colocated cluster running `baseline` (default: the setup's first)."""
+    policy = BASELINE_POLICIES[baseline or setup.baselines[0]]
     return ClusterConfig(
-        mode="vanilla", profile=setup.profile, instances=setup.n_vanilla, policy=VANILLA_POLICY, seed=setup.seed
+        mode="vanilla", profile=setup.profile, instances=setup.n_vanilla, policy=policy, seed=setup.seed
     )
 
 
@@ -138,7 +149,7 @@ def requests_for(name: str, setup: BenchSetup, rate: float, n: int | None = None
 def calibrated_rate(
     name: str, setup: BenchSetup, runner: Runner = des_runner, config: ClusterConfig | None = None
 ) -> float:
-    """`setup.load` × the throughput of `config` (default: the vanilla system) on these requests all
+    """`setup.load` × the throughput of `config` (default: the first baseline) on these requests all
     arriving at t = 0."""
     burst = requests_for(name, setup, math.inf)
     res = runner(burst, config or vanilla_config(setup))
@@ -148,19 +159,21 @@ def calibrated_rate(
 def bench_workload(
     name: str, setup: BenchSetup, runner: Runner = des_runner, rate: float | None = None
 ) -> dict[str, Any]:
-    """TetriInfer vs vLLM on one workload: metrics of both and TetriInfer's relative change."""
+    """TetriInfer vs each baseline on one workload: the metrics of every system and TetriInfer's relative
+    change against each baseline (`change[baseline]`)."""
     name = check_workload_name(name)
     if rate is None:  # the arrival rate is part of the workload: calibrated on the simulator, whatever runs it
         rate = math.inf if setup.burst else calibrated_rate(name, setup, des_runner)
     requests = requests_for(name, setup, rate)
-    tetri = summarize(runner(requests, tetri_config(setup)), setup.price, setup.slo)
-    vanilla = summarize(runner(requests, vanilla_config(setup)), setup.price, setup.slo)
+    systems = {TETRI: summarize(runner(requests, tetri_config(setup)), setup.price, setup.slo)}
+    for b in setup.baselines:
+        systems[b] = summarize(runner(requests, vanilla_config(setup, b)), setup.price, setup.slo)
     return {
         "workload": name,
         "rate_rps": None if math.isinf(rate) else rate,  # None: a burst at t = 0
         "lengths": describe(requests),
-        "systems": {TETRI: tetri, VANILLA: vanilla},
-        "change": relative_change(tetri, vanilla),
+        "systems": systems,
+        "change": {b: relative_change(systems[TETRI], systems[b]) for b in setup.baselines},
     }
 
 
@@ -185,6 +198,7 @@ def run_bench(
             "instances": setup.instances,
             "tetri_split": {"prefill": setup.n_prefill, "decode": setup.instances - setup.n_prefill},
             "vanilla_instances": setup.n_vanilla,
+            "baselines": list(setup.baselines),
             "n": setup.n,
             "seed": setup.seed,
             "price_per_gpu_hour": setup.price,
