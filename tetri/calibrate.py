@@ -1,8 +1,9 @@
 """Fit the sim engine's roofline cost model to measurements of a real engine (pure: data in, profile out).
 
-A `Measurement` is one timed iteration shape: a prefill of ``tokens`` tokens (``kind="prefill"``) or a
-decode step of ``batch`` sequences holding ``context`` KV tokens in all (``kind="decode"``), and the
-seconds it took. `fit` finds the effective compute rate, the effective memory bandwidth and the fixed
+A `Measurement` is one timed iteration shape: a prefill of ``tokens`` tokens (``kind="prefill"``), a
+decode step of ``batch`` sequences holding ``context`` KV tokens in all (``kind="decode"``), or both in
+one iteration (``kind="mixed"``: vLLM v1's chunked prefill batching a prompt with running decodes), and
+the seconds it took. `fit` finds the effective compute rate, the effective memory bandwidth and the fixed
 per-iteration overhead that minimise the relative error of `CostModel`'s prediction over the training
 points, and returns them as a `Profile` (mfu and bandwidth efficiency 1: the fitted rates are the
 device's effective ones). `errors` gives the relative error of each point under a profile, so a caller
@@ -26,23 +27,48 @@ BOUNDS = (np.log([1e6, 1e6, 1e-7, 1e-7]), np.log([1e18, 1e18, 10.0, 10.0]))
 
 @dataclass(frozen=True)
 class Measurement:
-    kind: str  # prefill | decode
+    kind: str  # prefill | decode | mixed
     seconds: float
-    tokens: int = 0  # prefill: tokens in the iteration
-    batch: int = 0  # decode: sequences in the step
-    context: int = 0  # decode: KV tokens held by the batch
+    tokens: int = 0  # prefill, mixed: prompt tokens in the iteration
+    batch: int = 0  # decode, mixed: sequences decoding in the step
+    context: int = 0  # decode, mixed: KV tokens held by those sequences
+
+
+KINDS = ("prefill", "decode", "mixed")
 
 
 def predict(profile: Profile, m: Measurement) -> float:
     cm = CostModel(profile)
     if m.kind == "prefill":
         return cm.prefill_time(m.tokens)
+    if m.kind == "mixed":
+        return cm.mixed_batch_time([(m.tokens, 0)], m.batch, m.context)
     return cm.decode_step_time(m.batch, m.context)
 
 
 def errors(profile: Profile, points: Sequence[Measurement]) -> list[float]:
     """Relative error |predicted − measured| / measured of each point."""
     return [abs(predict(profile, m) - m.seconds) / m.seconds for m in points]
+
+
+def errors_by_kind(profile: Profile, points: Sequence[Measurement]) -> dict[str, float]:
+    """Mean relative error per kind of iteration (the kinds present)."""
+    out = {}
+    for kind in KINDS:
+        e = errors(profile, [m for m in points if m.kind == kind])
+        if e:
+            out[kind] = sum(e) / len(e)
+    return out
+
+
+def split(points: Sequence[Measurement]) -> tuple[list[Measurement], list[Measurement]]:
+    """Every third point of each kind held out, the rest to fit."""
+    train: list[Measurement] = []
+    held: list[Measurement] = []
+    for kind in KINDS:
+        for i, m in enumerate(m for m in points if m.kind == kind):
+            (held if i % 3 == 1 else train).append(m)
+    return train, held
 
 
 def _with(base: Profile, flops: float, bandwidth: float, overhead: float, prefill_overhead: float) -> Profile:

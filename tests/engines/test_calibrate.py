@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tetri.calibrate import Measurement, base_profile, errors, fit, predict, to_toml
+from tetri.calibrate import Measurement, base_profile, errors, errors_by_kind, fit, predict, split, to_toml
 from tetri.costmodel import CostModel, load_profile
 
 
@@ -25,9 +25,17 @@ def test_fit_recovers_a_known_profile_and_writes_a_loadable_file(tmp_path: Path)
     base, truth = synthetic_truth()
     shapes = [Measurement("prefill", 1.0, tokens=n) for n in (16, 64, 128, 256, 512)]
     shapes += [Measurement("decode", 1.0, batch=b, context=b * c) for b in (1, 4, 16) for c in (32, 512)]
+    shapes += [Measurement("mixed", 1.0, tokens=n, batch=b, context=b * 64) for n in (64, 384) for b in (1, 8)]
     points = [replace(m, seconds=predict(truth, m)) for m in shapes]
-    fitted = fit(base, points[::2])
+    train, held = split(points)
+    assert {m.kind for m in held} == {"prefill", "decode", "mixed"} and len(train) + len(held) == len(points)
+    fitted = fit(base, train)
     assert max(errors(fitted, points)) < 0.01  # held-out points included
+    assert set(errors_by_kind(fitted, held)) == {"prefill", "decode", "mixed"}
+    # a mixed iteration is priced as one: the weights read once, not a prefill plus a decode step
+    m = Measurement("mixed", 1.0, tokens=384, batch=8, context=512)
+    cm = CostModel(truth)
+    assert predict(truth, m) < cm.prefill_time(384) + cm.decode_step_time(8, 512)
     path = tmp_path / "p.toml"
     path.write_text(to_toml(fitted))
     loaded = load_profile("fitme", path)

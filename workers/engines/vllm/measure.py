@@ -1,6 +1,10 @@
 """Measure a real vLLM engine for `tetrictl profile`: prefill time against prompt tokens, decode step time
-against batch size and context. Runs one colocated `VllmEngine` in this process (vLLM's engine core
+against batch size and context, and mixed iterations (vLLM's chunked prefill puts a new prompt in the
+same step as the running decodes). Runs one colocated `VllmEngine` in this process (vLLM's engine core
 in its own process, as always) on an otherwise idle machine.
+
+A mixed iteration is timed from outside as the decoders' gap between tokens that ends when the new
+prompt's first token comes out: both come from that step.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ DECODE_BATCHES = (1, 2, 4, 8, 16)
 DECODE_CONTEXTS = (32, 128, 384)
 DECODE_STEPS = 24
 REPEATS = 3
+# (decoding sequences, context tokens each, prompt tokens prefilled beside them)
+MIXED = ((1, 64, 64), (1, 64, 256), (2, 128, 128), (2, 256, 384), (4, 64, 192), (4, 128, 64), (8, 32, 256),
+         (8, 128, 128), (16, 64, 384))  # fmt: skip
+WARM_TOKENS = 4  # decoders' tokens before the prompt is sent: they are in steady decode by then
 
 
 def model_spec(model_dir: str | Path, max_model_len: int) -> ModelSpec:
@@ -62,10 +70,39 @@ async def _timed(engine: VllmEngine, rid: str, prompt: list[int], n: int) -> lis
     return out
 
 
+async def _stamps(
+    engine: VllmEngine, rid: str, prompt: list[int], n: int, warm: asyncio.Event | None = None
+) -> list[float]:
+    """`perf_counter` at each output token; `warm` is set after WARM_TOKENS of them."""
+    out = []
+    async for _ in engine.generate(EngineRequest(rid, tuple(prompt), n)):
+        out.append(time.perf_counter())
+        if warm is not None and len(out) == WARM_TOKENS:
+            warm.set()
+    return out
+
+
+async def _mixed_step(engine: VllmEngine, decoders: list[list[int]], prompt: list[int], rid: str) -> list[float]:
+    """The decoders' gaps that end with the step giving `prompt` its first token (one per decoder)."""
+    warm = [asyncio.Event() for _ in decoders]
+    runs = [
+        asyncio.create_task(_stamps(engine, f"{rid}-d{i}", p, DECODE_STEPS, w))
+        for i, (p, w) in enumerate(zip(decoders, warm, strict=True))
+    ]
+    await asyncio.gather(*(w.wait() for w in warm))
+    first = (await _stamps(engine, rid, prompt, 1))[0]
+    gaps = []
+    for t in await asyncio.gather(*runs):
+        k = min(range(1, len(t)), key=lambda i: abs(t[i] - first))  # the decoder's token from that step
+        gaps.append(t[k] - t[k - 1])
+    return gaps
+
+
 async def measure(
     options: VllmOptions, progress: Callable[[str], None] | None = None
 ) -> tuple[list[Measurement], dict[str, int | str]]:
-    """Every prefill and decode point (medians over REPEATS), and the engine's facts (capacity, block)."""
+    """Every prefill, decode and mixed point (medians over REPEATS), and the engine's facts (capacity,
+    block)."""
     engine = VllmEngine(options, "colocated", "profile")
     await engine.start()
     ids = itertools.count()
@@ -98,6 +135,15 @@ async def measure(
             ctx = b * (c + DECODE_STEPS // 2)
             points.append(Measurement("decode", statistics.median(steps), batch=b, context=ctx))
             say(f"decode batch {b} × {c} tokens: {1000 * points[-1].seconds:.2f} ms/step")
+        for b, c, n in MIXED:
+            if b > options.max_num_seqs or n + b > options.chunk_size or c + DECODE_STEPS > engine.max_model_len:
+                continue
+            gaps: list[float] = []
+            for _ in range(REPEATS):
+                gaps += await _mixed_step(engine, [prompt(c) for _ in range(b)], prompt(n), f"m{next(ids)}")
+            ctx = b * (c + WARM_TOKENS)
+            points.append(Measurement("mixed", statistics.median(gaps), tokens=n, batch=b, context=ctx))
+            say(f"mixed {n} tokens + batch {b} × {c} tokens: {1000 * points[-1].seconds:.1f} ms")
         facts: dict[str, int | str] = {
             "kv_capacity_tokens": engine.kv_capacity,
             "block_size": engine.block_size,
