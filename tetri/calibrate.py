@@ -133,6 +133,7 @@ def base_profile(
         max_num_seqs=max_num_seqs,
         block_size=block_size,
         description=f"fitted by tetrictl profile on {device}",
+        source="measured",
     )
 
 
@@ -177,6 +178,7 @@ def to_toml(p: Profile) -> str:
             f"max_batched_tokens = {p.max_batched_tokens}",
             f"max_num_seqs = {p.max_num_seqs}",
             f"block_size = {p.block_size}",
+            'source = "measured"',
             "",
         ]
     )

@@ -35,7 +35,10 @@ _PROFILE_DEFAULTS: dict[str, Any] = {
     "block_size": 16,
     "description": "",
     "prefill_overhead_s": 0.0,
+    "chunk_size": 0,
+    "source": "derived",
 }
+SOURCES = ("derived", "measured")
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,10 @@ class Profile:
     # extra fixed cost of an iteration that prefills (admitting new requests: input preparation, block
     # allocation, first-token sampling); 0 in the shipped profiles, fitted by `tetrictl profile`
     prefill_overhead_s: float = 0.0
+    # TetriInfer's ChunkSize on this profile when one was measured (the paper's 512 for OPT-13B on V100);
+    # 0: the roofline's knee (`default_chunk_size`)
+    chunk_size: int = 0
+    source: str = "derived"  # derived: published specs + assumed efficiencies; measured: fitted (`tetrictl profile`)
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,25 @@ class CostModel:
         overhead = self.profile.iteration_overhead_s + self.profile.prefill_overhead_s
         return overhead + max(flops / self.effective_flops, memory)
 
+    def knee_tokens(self) -> float:
+        """Prompt tokens at which one prefill iteration turns compute-bound: below, it is paid for by
+        reading the weights (tokens are nearly free); above, time grows with the tokens. The roofline's
+        saturation point, where ChunkSize is cheapest per token without giving up throughput."""
+        m = self.profile.model
+        lo, hi = 1.0, float(max(m.max_model_len, 1 << 20))
+
+        def compute_bound(t: float) -> bool:
+            flops = 2.0 * m.params * t + 2.0 * m.num_layers * m.hidden_size * t * t
+            memory = (m.weight_bytes + t * m.kv_bytes_per_token) / self.effective_bandwidth
+            return flops / self.effective_flops >= memory
+
+        if not compute_bound(hi):
+            return hi
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if compute_bound(mid) else (mid, hi)
+        return hi
+
     # --- memory and transfer -------------------------------------------------------------------
 
     def kv_capacity_tokens(self) -> int:
@@ -182,6 +208,15 @@ class CostModel:
     def transfer_time(self, num_tokens: int) -> float:
         """Seconds to move `num_tokens` tokens of KV over the profile's link."""
         return self.kv_bytes(num_tokens) / (self.profile.link_gbps * 1e9 / 8.0)
+
+
+def default_chunk_size(profile: Profile) -> int:
+    """The profile's ChunkSize: the measured one if it has one, else the roofline's knee rounded up to a
+    whole number of KV blocks."""
+    if profile.chunk_size:
+        return profile.chunk_size
+    block = profile.block_size
+    return max(block, math.ceil(CostModel(profile).knee_tokens() / block) * block)
 
 
 def _check_tokens(*counts: int) -> None:
@@ -266,6 +301,12 @@ def _nonnegative(value: Any, where: str) -> float:
     return float(value)
 
 
+def _chunk(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"profiles file: {where} must be a whole number of tokens ≥ 0, got {value!r}")
+    return value
+
+
 def list_profiles(path: Path | None = None) -> list[str]:
     """Names of the profiles in the data file (default: the shipped ``profiles.toml``), sorted."""
     return sorted(_section(_read(path), "profiles"))
@@ -293,7 +334,11 @@ def load_profile(name: str, path: Path | None = None) -> Profile:
         block_size=_field(t, "block_size", w, int),
         description=str(t["description"]),
         prefill_overhead_s=_nonnegative(t["prefill_overhead_s"], f"{w}.prefill_overhead_s"),
+        chunk_size=_chunk(t["chunk_size"], f"{w}.chunk_size"),
+        source=str(t["source"]),
     )
+    if profile.source not in SOURCES:
+        raise ValueError(f"profiles file: {w}.source must be one of {', '.join(SOURCES)}, got {profile.source!r}")
     for key in ("gpu_memory_utilization", "mfu", "bandwidth_efficiency"):
         if getattr(profile, key) > 1:
             raise ValueError(f"profiles file: {w}.{key} must be at most 1, got {getattr(profile, key)}")

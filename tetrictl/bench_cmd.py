@@ -45,6 +45,10 @@ def bench(
         ),
     ] = ",".join(BASELINES),
     profile: Annotated[str, typer.Option("--profile", help="Cost-model profile (profiles.toml).")] = "opt-13b-v100",
+    chunk_size: Annotated[
+        int | None,
+        typer.Option("--chunk-size", help="TetriInfer's ChunkSize (default: the profile's, or its roofline knee)."),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for lengths, arrivals, predictor and dispatch.")] = 0,
     price: Annotated[float, typer.Option("--price", help="Dollars per GPU-hour, for perf/$.")] = 2.0,
     slo: Annotated[
@@ -93,6 +97,7 @@ def bench(
             burst=burst,
             slo=parse_slos(slo or []),
             baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
+            chunk_size=chunk_size,
         )
         if mode not in ("des", "live"):
             raise WorkloadSpecError(f"--mode must be des or live, not {mode!r}")

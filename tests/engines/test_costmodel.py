@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tetri.costmodel import DEFAULT_PROFILES_PATH, CostModel, list_profiles, load_profile
+from tetri.costmodel import DEFAULT_PROFILES_PATH, CostModel, default_chunk_size, list_profiles, load_profile
 
 REQUIRED = ("opt-13b-v100", "llama3-8b-h100", "tiny")
 
@@ -191,3 +191,24 @@ link_gbps = 100
     assert p.link_gbps == 100.0
     assert "minimal" in list_profiles(path)
     assert math.isclose(CostModel(p).transfer_time(8), 8 * 131072 / 12.5e9)
+
+
+def test_chunk_size_is_the_measured_one_or_the_roofline_knee(tmp_path):
+    # the knee: where a prefill's FLOPs take as long as reading the weights (and its KV)
+    for name, knee in (("opt-13b-v100", 87), ("llama3-8b-h100", 184), ("llama3-8b-h200", 129)):
+        cm = CostModel(load_profile(name))
+        t = cm.knee_tokens()
+        assert round(t) == knee, name
+        m = cm.profile.model
+        compute = (2 * m.params * t + 2 * m.num_layers * m.hidden_size * t * t) / cm.effective_flops
+        assert math.isclose(compute, (m.weight_bytes + t * m.kv_bytes_per_token) / cm.effective_bandwidth, rel_tol=1e-6)
+    assert default_chunk_size(load_profile("opt-13b-v100")) == 512  # the paper's, measured (FACTS)
+    assert default_chunk_size(load_profile("llama3-8b-h100")) == 192  # the knee, rounded up to whole blocks
+    assert load_profile("llama3-8b-h100").source == "derived"
+    for bad, needle in (
+        ("chunk_size = 512 ", "chunk_size = -5 "),
+        ("block_size = 16                # vLLM default\n", 'block_size = 16\nsource = "guessed"\n'),
+    ):
+        path = _edited(tmp_path, bad, needle)
+        with pytest.raises(ValueError, match="chunk_size|source"):
+            load_profile("opt-13b-v100", path)

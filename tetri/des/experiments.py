@@ -7,7 +7,8 @@ A *runner* turns (requests, cluster config) into a `RunResult`; `des_runner` sim
 every function here takes `runner=` and works unchanged.
 
 Systems (one instance = one GPU, the same budget for both):
-* TetriInfer: `prefill_instances` prefill + the rest decode; ChunkSize 512, sjf with PrefillSchedBatch
+* TetriInfer: `prefill_instances` prefill + the rest decode; ChunkSize the profile's (the paper's 512
+  on opt-13b-v100, the roofline's knee elsewhere: `costmodel.default_chunk_size`), sjf with PrefillSchedBatch
   16, oracle predictor at 74.9% accuracy over 200-token buckets, power-of-two dispatch, reserve-dynamic
   decode admission (FACTS: the paper's settings).
 * The baselines, by name (`tetri.scheduling.colocated`), each on the same number of colocated instances
@@ -27,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tetri.costmodel import CostModel, load_profile
+from tetri.costmodel import CostModel, default_chunk_size, load_profile
 from tetri.scheduling.admission import RESERVE_POINTS
 from tetri.scheduling.colocated import BASELINES
 from tetri.scheduling.policyset import PolicySet
@@ -54,7 +55,7 @@ PAPER_ACCURACY = 0.749  # FACTS: the OPT-125M predictor's accuracy over 200-toke
 TETRI_POLICY = PolicySet(
     prefill_policy="sjf",
     prefill_sched_batch=16,  # FACTS: PrefillSchedBatch 16
-    chunk_size=512,  # FACTS: ChunkSize 512 for OPT-13B
+    chunk_size=512,  # FACTS: ChunkSize 512 for OPT-13B; `tetri_config` sets the setup's (the profile's by default)
     predictor="oracle",
     predictor_accuracy=PAPER_ACCURACY,
     predictor_granularity=200,  # FACTS: 200-token buckets
@@ -89,6 +90,7 @@ class BenchSetup:
     burst: bool = False  # all requests at t = 0 instead of Poisson arrivals
     slo: SloSet = DEFAULT_SLO  # what goodput and perf/$ count as served well
     baselines: tuple[str, ...] = BASELINES  # compared with TetriInfer; the first calibrates the rate
+    chunk_size: int | None = None  # TetriInfer's ChunkSize; None: the profile's (`default_chunk_size`)
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -103,6 +105,8 @@ class BenchSetup:
             raise WorkloadSpecError(f"the price must be positive, got {self.price}")
         if not 0 < self.load <= 10:
             raise WorkloadSpecError(f"the load must be within (0, 10], got {self.load}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise WorkloadSpecError(f"the chunk size must be at least 1 token, got {self.chunk_size}")
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad or not self.baselines or len(set(self.baselines)) != len(self.baselines):
             what = f"unknown baseline {bad[0]!r}" if bad else "each baseline once, at least one"
@@ -113,17 +117,22 @@ class BenchSetup:
         return self.prefill_instances if self.prefill_instances is not None else max(1, self.instances // 2)
 
     @property
+    def chunk(self) -> int:
+        return self.chunk_size if self.chunk_size is not None else default_chunk_size(load_profile(self.profile))
+
+    @property
     def n_vanilla(self) -> int:
         return self.vanilla_instances if self.vanilla_instances is not None else self.instances
 
 
 def tetri_config(setup: BenchSetup, policy: PolicySet = TETRI_POLICY, **changes: Any) -> ClusterConfig:
+    """TetriInfer on the setup's hardware split, with `policy` at the setup's ChunkSize."""
     cfg = ClusterConfig(
         mode="tetri",
         profile=setup.profile,
         instances=setup.instances,
         prefill_instances=setup.n_prefill,
-        policy=policy,
+        policy=policy.changed(chunk_size=setup.chunk),
         seed=setup.seed,
     )
     return replace(cfg, **changes) if changes else cfg
@@ -199,13 +208,14 @@ def run_bench(
             "tetri_split": {"prefill": setup.n_prefill, "decode": setup.instances - setup.n_prefill},
             "vanilla_instances": setup.n_vanilla,
             "baselines": list(setup.baselines),
+            "chunk_size": setup.chunk,
             "n": setup.n,
             "seed": setup.seed,
             "price_per_gpu_hour": setup.price,
             "slo": setup.slo.to_dict(),
             "load": None if setup.burst else setup.load,
             "arrivals": "burst at t = 0" if setup.burst else "Poisson",
-            "tetri_policy": TETRI_POLICY.to_dict(),
+            "tetri_policy": TETRI_POLICY.changed(chunk_size=setup.chunk).to_dict(),
         },
         "metrics": [{"key": k, "label": label, "better": better} for k, label, better in HEADLINE],
         "workloads": rows,
