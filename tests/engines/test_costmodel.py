@@ -205,10 +205,10 @@ def test_chunk_size_is_the_measured_one_or_the_roofline_knee(tmp_path):
     assert default_chunk_size(load_profile("opt-13b-v100")) == 512  # the paper's, measured (FACTS)
     assert default_chunk_size(load_profile("llama3-8b-h100")) == 192  # the knee, rounded up to whole blocks
     assert load_profile("llama3-8b-h100").source == "derived"
-    for bad, needle in (
-        ("chunk_size = 512 ", "chunk_size = -5 "),
-        ("block_size = 16                # vLLM default\n", 'block_size = 16\nsource = "guessed"\n'),
-    ):
-        path = _edited(tmp_path, bad, needle)
-        with pytest.raises(ValueError, match="chunk_size|source"):
-            load_profile("opt-13b-v100", path)
+    cases = (
+        ("chunk_size = 512 ", "chunk_size = -5 ", "chunk_size must be a whole number"),
+        ("block_size = 16                # vLLM default\n", 'block_size = 16\nsource = "guessed"\n', "source must be"),
+    )
+    for old, new, needle in cases:
+        with pytest.raises(ValueError, match=needle):
+            load_profile("opt-13b-v100", _edited(tmp_path, old, new))
