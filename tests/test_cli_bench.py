@@ -75,3 +75,33 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0]
     assert "Traceback" not in r.stderr
+
+
+def test_sweep_writes_its_json_and_region_map(tmp_path: Path):
+    png, out = tmp_path / "map.png", tmp_path / "sweep.json"
+    args = ["--sweep", "--workloads", "LPLD", "--gpus", "2", "--loads", "1,4", "--chunks", "256", "-n", "16"]
+    r = tetrictl("bench", *args, "--plot", str(png), "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["spec"]["profile"] == "llama3-8b-h100" and doc["spec"]["n"] == 16
+    assert len(doc["points"]) == 2 and json.loads(out.read_text())["points"] == doc["points"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = tetrictl("bench", *args)
+    assert table.returncode == 0 and "TetriInfer's best setup vs vllm-v0" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--gpus", "1"], "--gpus"),
+        (["--loads", "fast"], "--loads"),
+        (["--chunks", "0"], "--chunks"),
+        (["--mode", "live"], "simulator only"),
+        (["--plot", "/nonexistent/dir/map.png"], "not a directory"),
+    ],
+)
+def test_bad_sweep_input_exits_2_with_one_line(args: list[str], needle: str):
+    r = tetrictl("bench", "--sweep", "--workloads", "LPLD", "-n", "8", *args, "--json")
+    assert r.returncode == exitcodes.USAGE, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr

@@ -16,18 +16,24 @@ from tetri.costmodel import load_profile
 from tetri.des.experiments import TETRI, BenchSetup, des_runner, run_ablations, run_bench
 from tetri.des.metrics import RATIOS
 from tetri.des.slo import parse_slos
+from tetri.des.sweep import SweepSpec
 from tetri.des.workloads import WORKLOADS, WorkloadSpecError, check_workload_name
 from tetri.scheduling.colocated import BASELINES
 
 from .bench_live import live_runner
 from .output import print_json, progress, table, user_errors
+from .sweep_cmd import floats, ints, print_sweep, write_json, write_region_map
+from .sweep_cmd import sweep as run_sweep_cli
 
 
 def bench(
     workloads: Annotated[
-        str, typer.Option("--workloads", help=f"Comma-separated workloads from {', '.join(WORKLOADS)}.")
-    ] = ",".join(WORKLOADS),
-    n: Annotated[int, typer.Option("-n", help="Requests per workload.")] = 128,
+        str,
+        typer.Option(
+            "--workloads", help=f"Comma-separated workloads from {', '.join(WORKLOADS)} (default: all; --sweep: Mixed)."
+        ),
+    ] = "",
+    n: Annotated[int | None, typer.Option("-n", help="Requests per workload (per point with --sweep: 512).")] = None,
     instances: Annotated[int, typer.Option("--instances", help="GPUs per system (one instance each), ≥ 2.")] = 2,
     prefill_instances: Annotated[
         int | None, typer.Option("--prefill-instances", help="TetriInfer prefill instances (default: half).")
@@ -44,7 +50,12 @@ def bench(
             "calibrates --load.",
         ),
     ] = ",".join(BASELINES),
-    profile: Annotated[str, typer.Option("--profile", help="Cost-model profile (profiles.toml).")] = "opt-13b-v100",
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile", help="Cost-model profile (profiles.toml); opt-13b-v100, or llama3-8b-h100 for --sweep."
+        ),
+    ] = None,
     chunk_size: Annotated[
         int | None,
         typer.Option("--chunk-size", help="TetriInfer's ChunkSize (default: the profile's, or its roofline knee)."),
@@ -73,12 +84,32 @@ def bench(
     time_scale: Annotated[
         float, typer.Option("--time-scale", help="live: model seconds per wall second of the sim workers.")
     ] = 1.0,
+    sweep: Annotated[
+        bool,
+        typer.Option(
+            "--sweep",
+            help="Sweep load × P:D split × ChunkSize × baseline on the simulator (default: Mixed on "
+            "llama3-8b-h100, 512 requests a point) and say where TetriInfer's goodput per dollar wins.",
+        ),
+    ] = False,
+    gpus: Annotated[str, typer.Option("--gpus", help="--sweep: GPU budgets, comma-separated.")] = "4,8",
+    loads: Annotated[
+        str, typer.Option("--loads", help="--sweep: loads, × the first baseline's throughput on a burst.")
+    ] = "1,2,4,8,16",
+    chunks: Annotated[str, typer.Option("--chunks", help="--sweep: TetriInfer ChunkSizes.")] = "128,256,512,1024",
+    out_file: Annotated[Path | None, typer.Option("--out", help="--sweep: also write the JSON document here.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
 ) -> None:
     """TetriInfer vs each vLLM baseline per workload (DES or live): TTFT, TPOT, JCT, goodput within the
-    SLOs, cost (provisioned GPUs × wall time) and perf/$ (requests within their SLOs per dollar)."""
+    SLOs, cost (provisioned GPUs × wall time) and perf/$ (requests within their SLOs per dollar). With
+    --sweep: the same question over loads, P:D splits, ChunkSizes and GPU budgets, with a region map."""
+    if sweep:
+        _sweep(workloads, n, profile, seed, price, slo, baseline, gpus, loads, chunks, mode, plot, out_file, json_out)
+        return
+    n = 128 if n is None else n
+    profile = profile or "opt-13b-v100"
     with user_errors():
-        names = [check_workload_name(w) for w in workloads.split(",") if w.strip()]
+        names = [check_workload_name(w) for w in (workloads or ",".join(WORKLOADS)).split(",") if w.strip()]
         if not names:
             raise WorkloadSpecError("--workloads names no workload")
         try:
@@ -259,3 +290,64 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _sweep(
+    workloads: str,
+    n: int | None,
+    profile: str | None,
+    seed: int,
+    price: float,
+    slo: list[str] | None,
+    baseline: str,
+    gpus: str,
+    loads: str,
+    chunks: str,
+    mode: str,
+    plot: Path | None,
+    out_file: Path | None,
+    json_out: bool,
+) -> None:
+    with user_errors():
+        if mode != "des":
+            raise WorkloadSpecError("--sweep runs on the simulator only (--mode des)")
+        profile = profile or "llama3-8b-h100"
+        try:
+            load_profile(profile)
+        except ValueError as e:
+            raise WorkloadSpecError(str(e)) from None
+        try:
+            spec = SweepSpec(
+                workloads=tuple(w.strip() for w in (workloads or "Mixed").split(",") if w.strip()),
+                profile=profile,
+                gpus=ints(gpus, "--gpus"),
+                loads=floats(loads, "--loads"),
+                chunks=ints(chunks, "--chunks"),
+                baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
+                n=512 if n is None else n,
+                seed=seed,
+                price=price,
+                slo=parse_slos(slo or []),
+            )
+        except WorkloadSpecError:
+            raise
+        except ValueError as e:
+            raise WorkloadSpecError(str(e)) from None
+        for path, what in ((plot, "the region map"), (out_file, "the JSON")):
+            if path is not None and path.parent and not path.parent.is_dir():
+                raise WorkloadSpecError(f"cannot write {what}: {path.parent} is not a directory")
+    doc = run_sweep_cli(spec, json_out)
+    with user_errors():
+        if out_file is not None:
+            write_json(doc, out_file)
+        if plot is not None:
+            write_region_map(doc, plot)
+    if plot is not None:
+        doc["plot"] = str(plot)
+    if json_out:
+        print_json(doc)
+        return
+    print_sweep(doc)
+    for path, what in ((out_file, "JSON"), (plot, "region map")):
+        if path is not None:
+            typer.echo(f"{what} written to {path}")
