@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import typer
 
-from . import bench_cmd, cluster_cmd, flip_cmd, plan_cmd, policy_cmd, profile_cmd, replay_cmd, status_cmd, top_cmd
+from . import (
+    advise_cmd,
+    bench_cmd,
+    cluster_cmd,
+    flip_cmd,
+    plan_cmd,
+    policy_cmd,
+    profile_cmd,
+    replay_cmd,
+    status_cmd,
+    top_cmd,
+)
 
 app = typer.Typer(
     name="tetrictl",
     help=(
         "Operate Tetri: run the cluster (`up`, `daemon`, `worker`), inspect and steer it (`status`, "
         "`instances`, `requests`, `flip`, `policy`, `top`), replay plans (`plan replay`), compare "
-        "schedulers (`bench`), calibrate the simulator on vLLM (`profile`) and plan backlogs offline "
-        "(`plan`). Exit codes: 0 ok, 1 the daemon refused or failed, 2 usage or bad input, 3 the daemon "
-        "cannot be reached."
+        "schedulers (`bench`), choose a setup for a workload (`advise`), calibrate the simulator on vLLM "
+        "(`profile`) and plan backlogs offline (`plan`). Exit codes: 0 ok, 1 the daemon refused or failed, "
+        "2 usage or bad input, 3 the daemon cannot be reached."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -33,6 +44,7 @@ app.add_typer(cluster_cmd.worker_app, name="worker")
 app.command("up")(cluster_cmd.up)
 app.command("bench")(bench_cmd.bench)
 app.command("profile")(profile_cmd.profile)
+app.command("advise")(advise_cmd.advise_cmd)
 
 
 def main() -> None:

@@ -53,10 +53,11 @@ async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> 
 
 
 async def _run(
-    url: str, config: ClusterConfig, requests: Sequence[Request], scale: float
+    url: str, config: ClusterConfig | None, requests: Sequence[Request], scale: float, token: str | None = None
 ) -> tuple[dict[str, str], dict[str, dict], float, int]:
-    async with TetriClient(Target(url, None), timeout=30) as c:
-        await c.set_policies(config.policy.to_dict())  # TetriInfer's, or the baseline's colocated schedule
+    async with TetriClient(Target(url, token), timeout=30) as c:
+        if config is not None:  # TetriInfer's policies, or the baseline's colocated schedule
+            await c.set_policies(config.policy.to_dict())
         deadline = time.monotonic() + 10  # every worker runs the policies before the first request
         while {i["policy_version"] for i in await c.instances()} != {(await c.policies())["version"]}:
             if time.monotonic() > deadline:
@@ -90,6 +91,15 @@ def live_runner(time_scale: float = 1.0) -> Runner:
         return _result(requests, ids, rows, t_start, preempt, config.instances)
 
     return run
+
+
+def replay_on(
+    url: str, requests: Sequence[Request], time_scale: float, gpus: int, token: str | None = None
+) -> RunResult:
+    """Replay `requests` at their arrival times on a running cluster as it is (its policies, its split)
+    and read back their records (`tetrictl advise`'s round trip: the advice applied, the same trace)."""
+    ids, rows, t_start, preempt = asyncio.run(_run(url, None, requests, time_scale, token))
+    return _result(requests, ids, rows, t_start, preempt, gpus)
 
 
 def _result(

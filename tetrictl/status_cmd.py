@@ -1,15 +1,21 @@
-"""`tetrictl status`, `instances ls|show`, `requests ls|show|cancel`: read the cluster over the admin API."""
+"""`tetrictl status`, `instances ls|show`, `requests ls|show|cancel|export`: read the cluster over the admin
+API."""
 
 from __future__ import annotations
 
+import json
+import sys
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from tetri.des.trace import rows_to_trace
+
 from .client import TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, ago, call, target
-from .output import fail, out, table
+from .output import err, fail, out, table
 
 instances_app = typer.Typer(help="Prefill/decode/colocated instances.", no_args_is_help=True)
 requests_app = typer.Typer(help="Requests in the status table.", no_args_is_help=True)
@@ -180,3 +186,35 @@ def requests_cancel(
         return await c.cancel(request_id)
 
     call(target(url, token, config), body, lambda d: out.print(f"cancelled {d['id']}"), json_out)
+
+
+@requests_app.command("export")
+def requests_export(
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Write the trace here (default: standard output).")
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The finished requests as a workload trace, one JSON line each (arrival_s from the first arrival,
+    prompt_tokens, output_tokens): what `tetrictl advise --trace` reads."""
+    if out_file is not None and out_file.parent and not out_file.parent.is_dir():
+        fail(f"--out {out_file}: {out_file.parent} is not a directory")
+
+    async def body(c: TetriClient) -> list[dict[str, Any]]:
+        return rows_to_trace(await c.all_requests(status="finished"))
+
+    def render(trace: list[dict[str, Any]]) -> None:
+        text = "".join(json.dumps(r) + "\n" for r in trace)
+        if out_file is None:
+            sys.stdout.write(text)
+            return
+        try:
+            out_file.write_text(text, encoding="utf-8")
+        except OSError as e:
+            fail(f"cannot write {out_file}: {e.strerror or e}")
+        err.print(f"{len(trace)} requests written to {out_file}")
+
+    call(target(url, token, config), body, render, json_out, lambda trace: {"requests": trace})

@@ -1,0 +1,111 @@
+"""`tetrictl advise` end to end: its predicted goodput against the goodput the live cluster then gets.
+
+    python bench/advise_roundtrip.py [--workload Mixed] [--rate 20] [-n 160] [--profile llama3-8b-h100]
+        [--start 2,2] [--time-scale 1] [--slo ttft=0.2,tpot=0.015] [--baseline vllm-v0,vllm-v1]
+
+1. A live sim cluster starts (`--start P,D` prefill and decode workers, the default policies) and serves
+   the named mix at its Poisson arrivals: the history.
+2. Its status table is exported as a trace (`tetrictl requests export`, `tetri.des.trace.rows_to_trace`).
+3. `advise` (the simulator) recommends a setup for the trace on P + D GPUs and the SLOs.
+4. The advice is applied to the live cluster (`apply_advice`: policies, then flips); an advice to run
+   colocated starts a colocated cluster of the same size as that baseline instead (`tetrictl up --mode
+   colocated --baseline …`: flips do not make colocated instances).
+5. The same trace is replayed live; its goodput (offered rate × share within the SLOs, as `advise`
+   counts it) is printed beside the prediction. Target: within 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+from tetri.des.advise import AdviceSpec, advise, offered_rate, outcome
+from tetri.des.slo import parse_slos
+from tetri.des.trace import read_trace, rows_to_trace
+from tetri.des.workloads import make_workload
+from tetrictl.advise_cmd import apply_advice, describe
+from tetrictl.bench_live import replay_on
+from tetrictl.client import Target, TetriClient
+from tetrictl.output import table
+from tetrictl.procs import LocalCluster, start_local_cluster
+
+
+async def _export(url: str) -> list[dict]:
+    async with TetriClient(Target(url, None), timeout=30) as c:
+        return rows_to_trace(await c.all_requests(status="finished"))
+
+
+async def _apply(url: str, doc: dict) -> dict:
+    async with TetriClient(Target(url, None), timeout=30) as c:
+        return await apply_advice(c, doc, timeout=600)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="Mixed")
+    ap.add_argument("--rate", type=float, default=20.0, help="requests per second (model time)")
+    ap.add_argument("-n", type=int, default=160)
+    ap.add_argument("--profile", default="llama3-8b-h100")
+    ap.add_argument("--start", default="2,2", help="prefill,decode workers of the live cluster")
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--slo", action="append", default=[])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline", default="vllm-v0,vllm-v1", help="colocated baselines advise considers")
+    a = ap.parse_args()
+    p, d = (int(x) for x in a.start.split(","))
+    gpus = p + d
+    scale = a.time_scale
+    baselines = tuple(b.strip() for b in a.baseline.split(",") if b.strip())
+    spec = AdviceSpec(profile=a.profile, gpus=gpus, slo=parse_slos(a.slo), seed=a.seed, baselines=baselines)
+    state = Path(tempfile.mkdtemp(prefix="tetri-advise-"))
+    clusters: list[LocalCluster] = []
+    try:
+        live = start_local_cluster(["prefill"] * p + ["decode"] * d, state_dir=state / "a", profile=a.profile,
+                                   time_scale=scale)  # fmt: skip
+        clusters.append(live)
+        history = make_workload(a.workload, a.n, a.seed, a.rate, max_model_len=spec_model_len(a.profile))
+        replay_on(live.url, history, scale, gpus)
+        lines = asyncio.run(_export(live.url))
+        trace = read_trace(json.dumps(x) for x in lines)
+        doc = advise(trace, spec)
+        advice = doc["advice"]
+        if advice["mode"] == "colocated":
+            live.stop()
+            clusters.remove(live)
+            live = start_local_cluster(["colocated"] * gpus, state_dir=state / "b", profile=a.profile,
+                                       time_scale=scale, mode="colocated",
+                                       policies={"colocated_schedule": advice["baseline"]})  # fmt: skip
+            clusters.append(live)
+            applied = "started colocated as " + advice["baseline"]
+        else:
+            done = asyncio.run(_apply(live.url, doc))
+            applied = f"policies {', '.join(done['changed']) or 'unchanged'}; {len(done['flips'])} flip(s)"
+        result = replay_on(live.url, trace, scale, gpus)
+        got = outcome(result, spec, offered_rate(trace))
+    finally:
+        for c in clusters:
+            c.stop()
+    want = advice["outcome"]
+    rows = [
+        (k, want[k], got[k], got[k] / want[k] if want[k] else None)
+        for k in ("goodput_rps", "within_slo", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s")
+    ]
+    table(
+        f"advise round trip: {len(trace)} requests of {a.workload} at {offered_rate(trace) or 0:.3g} req/s on "
+        f"{gpus} × {a.profile} (started {p}P+{d}D); advice {describe(advice)} ({applied}); SLO {spec.slo.label()}",
+        ["metric", "predicted (simulator)", "live", "live / predicted"],
+        rows,
+    )
+
+
+def spec_model_len(profile: str) -> int:
+    from tetri.costmodel import load_profile
+
+    return load_profile(profile).model.max_model_len
+
+
+if __name__ == "__main__":
+    main()

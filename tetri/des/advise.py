@@ -1,0 +1,164 @@
+"""`tetrictl advise`: for a workload (a trace), a profile, a GPU budget and SLOs, the setup to run.
+
+Every candidate runs on the simulator with the workload's own arrivals: each colocated baseline on all
+the GPUs, and TetriInfer at every P:D split × ChunkSize × prefill order × decode admission (the rest of
+its policies are the bench's: an oracle length predictor at 74.9%, power-of-two dispatch). A setup's
+**goodput** is the workload's offered rate (requests / arrival span) × the share of its requests within
+their SLOs; the advice is the setup with the highest goodput, the lower average JCT breaking ties, and a
+disaggregated setup only when it beats the best colocated one. Beside it: TTFT and TPOT percentiles and
+the dollars per million output tokens (provisioned GPUs × the run's wall time × price).
+
+Pure: requests and a spec in, plain data out; the shell (`tetrictl advise`) reads the trace, prints,
+and with `--apply` sets the policies and flips instances on a live cluster to match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tetri.costmodel import default_chunk_size, load_profile
+from tetri.scheduling.colocated import BASELINES
+from tetri.scheduling.policyset import PolicySet
+
+from .cluster import ClusterConfig, simulate
+from .experiments import TETRI_POLICY
+from .records import RunResult
+from .slo import DEFAULT_SLO, SloSet
+from .workloads import Request, WorkloadSpecError
+
+Runner = Callable[[Sequence[Request], ClusterConfig], RunResult]
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class AdviceSpec:
+    profile: str = "llama3-8b-h100"
+    gpus: int = 4
+    slo: SloSet = field(default=DEFAULT_SLO)
+    price: float = 2.0  # dollars per GPU-hour
+    chunks: tuple[int, ...] = ()  # TetriInfer ChunkSizes tried; () = the profile's, 256, 512, 1024
+    prefill_policies: tuple[str, ...] = ("fcfs", "sjf")
+    admissions: tuple[str, ...] = ("greedy", "reserve-dynamic")
+    baselines: tuple[str, ...] = BASELINES
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise WorkloadSpecError(f"--gpus must be at least 1, got {self.gpus}")
+        if not self.price > 0:
+            raise WorkloadSpecError(f"the price must be positive, got {self.price}")
+        if any(c < 1 for c in self.chunks):
+            raise WorkloadSpecError(f"--chunks: each ChunkSize must be at least 1 token, got {list(self.chunks)}")
+        bad = [b for b in self.baselines if b not in BASELINES]
+        if bad or not self.baselines:
+            raise WorkloadSpecError(f"unknown baseline {bad[0] if bad else ''!r} (choose from {', '.join(BASELINES)})")
+        try:
+            load_profile(self.profile)
+        except ValueError as e:
+            raise WorkloadSpecError(str(e)) from None
+
+    def chunk_sizes(self) -> tuple[int, ...]:
+        if self.chunks:
+            return self.chunks
+        return tuple(sorted({default_chunk_size(load_profile(self.profile)), 256, 512, 1024}))
+
+    def candidates(self) -> list[dict[str, Any]]:
+        """Every setup to try: the colocated baselines, then TetriInfer's (a disaggregated setup needs 2 GPUs)."""
+        out: list[dict[str, Any]] = []
+        for b in self.baselines:
+            pol = PolicySet(colocated_schedule=b)
+            out.append({"mode": "colocated", "colocated": self.gpus, "baseline": b, "policies": pol.to_dict()})
+        for p in range(1, self.gpus):
+            for chunk in self.chunk_sizes():
+                for order in self.prefill_policies:
+                    for admission in self.admissions:
+                        pol = TETRI_POLICY.changed(chunk_size=chunk, prefill_policy=order, decode_admission=admission)
+                        out.append(
+                            {"mode": "disaggregated", "prefill": p, "decode": self.gpus - p, "policies": pol.to_dict()}
+                        )
+        return out
+
+
+def _config(spec: AdviceSpec, setup: dict[str, Any]) -> ClusterConfig:
+    pol = PolicySet(**setup["policies"])
+    if setup["mode"] == "colocated":
+        return ClusterConfig(mode="vanilla", profile=spec.profile, instances=spec.gpus, policy=pol, seed=spec.seed)
+    return ClusterConfig(
+        mode="tetri",
+        profile=spec.profile,
+        instances=spec.gpus,
+        prefill_instances=setup["prefill"],
+        policy=pol,
+        seed=spec.seed,
+    )
+
+
+def offered_rate(requests: Sequence[Request]) -> float | None:
+    """Requests per second over the arrival span; None when they all arrive at once."""
+    span = max(r.arrival for r in requests) - min(r.arrival for r in requests)
+    return (len(requests) - 1) / span if span > 0 and len(requests) > 1 else None
+
+
+def outcome(result: RunResult, spec: AdviceSpec, rate: float | None) -> dict[str, Any]:
+    """What a setup gives on the workload: goodput (module docstring), latency percentiles, $ per M tokens."""
+    reqs = result.requests
+    good = sum(1 for r in reqs if spec.slo.met(r))
+    share = good / len(reqs)
+    ttft = np.array([r.ttft for r in reqs])
+    tpots = [r.tpot for r in reqs if r.output_len > 1]
+    tokens = sum(r.output_len for r in reqs)
+    cost_usd = result.provisioned * result.makespan / 3600.0 * spec.price
+    return {
+        "goodput_rps": (rate if rate is not None else len(reqs) / result.makespan) * share,
+        "within_slo": share,
+        "p50_ttft_s": float(np.percentile(ttft, 50)),
+        "p99_ttft_s": float(np.percentile(ttft, 99)),
+        "p50_tpot_s": float(np.percentile(tpots, 50)) if tpots else 0.0,
+        "p99_tpot_s": float(np.percentile(tpots, 99)) if tpots else 0.0,
+        "avg_jct_s": float(np.mean([r.jct for r in reqs])),
+        "usd_per_m_tokens": cost_usd / tokens * 1e6 if tokens else 0.0,
+        "makespan_s": result.makespan,
+    }
+
+
+def _score(o: dict[str, Any]) -> tuple[float, float]:
+    return (round(o["goodput_rps"], 9), -o["avg_jct_s"])
+
+
+def advise(
+    requests: Sequence[Request], spec: AdviceSpec, runner: Runner = simulate, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Every candidate's outcome, the best colocated setup, the best overall (the advice)."""
+    if not requests:
+        raise WorkloadSpecError("the workload has no requests")
+    peak = max(r.prompt_len + r.output_len for r in requests)
+    limit = load_profile(spec.profile).model.max_model_len
+    if peak > limit:
+        raise WorkloadSpecError(f"a request needs {peak} tokens of context; {spec.profile}'s model has {limit}")
+    rate = offered_rate(requests)
+    setups = spec.candidates()
+    tried = []
+    for k, setup in enumerate(setups):
+        tried.append(setup | {"outcome": outcome(runner(requests, _config(spec, setup)), spec, rate)})
+        if progress is not None:
+            progress(k + 1, len(setups))
+    colocated = max((t for t in tried if t["mode"] == "colocated"), key=lambda t: _score(t["outcome"]))
+    disagg = [t for t in tried if t["mode"] == "disaggregated"]
+    best_disagg = max(disagg, key=lambda t: _score(t["outcome"])) if disagg else None
+    advice = best_disagg if best_disagg and _score(best_disagg["outcome"]) > _score(colocated["outcome"]) else colocated
+    return {
+        "profile": spec.profile,
+        "gpus": spec.gpus,
+        "slo": spec.slo.to_dict(),
+        "price_per_gpu_hour": spec.price,
+        "requests": len(requests),
+        "offered_rps": rate,
+        "advice": advice,
+        "best_colocated": colocated,
+        "best_disaggregated": best_disagg,
+        "candidates": tried,
+    }

@@ -1,0 +1,186 @@
+"""`tetrictl advise`: which setup to run for a workload, and (`--apply`) make a live cluster run it.
+
+The advice comes from the simulator (`tetri.des.advise`, pure); this shell reads the workload (a JSONL
+trace — `tetrictl requests export` writes one from a live cluster — or a named mix at a rate), prints the
+advice beside the best colocated setup, and with `--apply` changes the live cluster over the admin API:
+the policies in one audited change, then one flip at a time until the P:D split matches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tetri.costmodel import load_profile
+from tetri.des.advise import AdviceSpec, advise
+from tetri.des.slo import parse_slos
+from tetri.des.trace import read_trace
+from tetri.des.workloads import Request, WorkloadSpecError, check_workload_name, make_workload
+
+from .client import ClientError, TetriClient
+from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
+from .flip_cmd import wait_flip
+from .output import out, print_json, progress, table, user_errors
+from .sweep_cmd import ints
+
+
+def _requests(
+    trace: Path | None, workload: str | None, rate: float | None, n: int, seed: int, profile: str
+) -> list[Request]:
+    if (trace is None) == (workload is None):
+        raise WorkloadSpecError("give the workload as --trace FILE or as --workload NAME --rate R (one of them)")
+    model = load_profile(profile).model
+    if trace is not None:
+        with trace.open(encoding="utf-8") as f:
+            return read_trace(f, model.max_model_len)
+    assert workload is not None
+    if rate is None or not (rate > 0 and math.isfinite(rate)):
+        raise WorkloadSpecError("--workload needs --rate, requests per second (> 0)")
+    if n < 1:
+        raise WorkloadSpecError(f"-n must be at least 1, got {n}")
+    return make_workload(check_workload_name(workload), n, seed, rate, max_model_len=model.max_model_len)
+
+
+def describe(setup: dict[str, Any]) -> str:
+    p = setup["policies"]
+    if setup["mode"] == "colocated":
+        return f"colocated ×{setup['colocated']} as {setup['baseline']}"
+    return (
+        f"{setup['prefill']}P+{setup['decode']}D, ChunkSize {p['chunk_size']}, {p['prefill_policy']} prefill, "
+        f"{p['decode_admission']} admission"
+    )
+
+
+def advise_cmd(
+    trace: Annotated[Path | None, typer.Option("--trace", help="A JSONL trace (tetrictl requests export).")] = None,
+    workload: Annotated[
+        str | None, typer.Option("--workload", help="Or a named mix: LPLD, LPHD, HPLD, HPHD, Mixed (with --rate).")
+    ] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="--workload: requests per second.")] = None,
+    n: Annotated[int, typer.Option("-n", help="--workload: requests.")] = 256,
+    profile: Annotated[str, typer.Option("--profile", help="Cost-model profile (profiles.toml).")] = "llama3-8b-h100",
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs (instances) to spend.")] = 4,
+    slo: Annotated[
+        list[str] | None,
+        typer.Option("--slo", help="SLOs, seconds: 'ttft=1,tpot=0.1' (the default) or per class 'HPLD:ttft=5'."),
+    ] = None,
+    price: Annotated[float, typer.Option("--price", help="Dollars per GPU-hour.")] = 2.0,
+    baseline: Annotated[str, typer.Option("--baseline", help="Colocated baselines to consider.")] = "vllm-v0,vllm-v1",
+    chunks: Annotated[
+        str | None, typer.Option("--chunks", help="ChunkSizes to try (default: the profile's, 256, 512, 1024).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the named mix and the simulator.")] = 0,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Make the live cluster at --url run the advice (policies, then flips).")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="--apply: seconds to wait for each flip.")] = 600.0,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Recommend colocated or a P:D split with its ChunkSize, prefill order and decode admission for a
+    workload, with the expected goodput, TTFT/TPOT percentiles and $ per million tokens beside the best
+    colocated setup (the simulator, the workload's own arrivals). --apply: set the policies and flip
+    instances on the live cluster to match (audited like any policy change and flip)."""
+    with user_errors():
+        spec = AdviceSpec(
+            profile=profile,
+            gpus=gpus,
+            slo=parse_slos(slo or []),
+            price=price,
+            chunks=ints(chunks, "--chunks") if chunks else (),
+            baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
+            seed=seed,
+        )
+        requests = _requests(trace, workload, rate, n, seed, profile)
+        with progress("advise", json_out) as bar:
+            doc = advise(requests, spec, progress=bar)
+    if apply:
+        doc["applied"] = _apply(url, token, config, doc, timeout)
+    if json_out:
+        print_json(doc)
+        return
+    render(doc)
+
+
+def _apply(url: str | None, token: str | None, config: Path | None, doc: dict[str, Any], timeout: float) -> Any:
+    """Run `apply_advice` against the daemon; a refusal is one line and exit 1 (console.call)."""
+    return call(target(url, token, config), lambda c: apply_advice(c, doc, timeout), lambda _: None, False)
+
+
+def render(doc: dict[str, Any]) -> None:
+    rows = []
+    for label, setup in (("advice", doc["advice"]), ("best colocated", doc["best_colocated"])):
+        o = setup["outcome"]
+        rows.append(
+            (
+                label,
+                describe(setup),
+                o["goodput_rps"],
+                f"{o['within_slo']:.0%}",
+                o["p50_ttft_s"],
+                o["p99_ttft_s"],
+                o["p50_tpot_s"],
+                o["p99_tpot_s"],
+                o["usd_per_m_tokens"],
+            )
+        )
+    rate = "a burst" if doc["offered_rps"] is None else f"{doc['offered_rps']:.3g} req/s"
+    table(
+        f"{doc['requests']} requests at {rate} on {doc['gpus']} × {doc['profile']}; SLO {doc['slo']['label']}",
+        ["", "setup", "goodput (req/s)", "within SLO", "p50 TTFT", "p99 TTFT", "p50 TPOT", "p99 TPOT", "$/M tokens"],
+        rows,
+    )
+    applied = doc.get("applied")
+    if applied:
+        flips = ", ".join(f"{f['instance_id']} → {f['to_role']}" for f in applied["flips"]) or "none"
+        out.print(f"applied: policies changed {', '.join(applied['changed']) or 'none'}; flips {flips}")
+
+
+async def apply_advice(c: TetriClient, doc: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Change the live cluster to the advice: the policies (one audited change), then flips until the
+    P:D split matches, one at a time (a flip drains its instance first); then every worker runs them."""
+    advice = doc["advice"]
+    live = [i for i in await c.instances() if i["state"] != "gone"]
+    roles = Counter(i["role"] for i in live)
+    want = describe(advice)
+    if len(live) != doc["gpus"]:
+        raise ClientError(
+            f"the cluster has {len(live)} instances; the advice is for {doc['gpus']} (advise with --gpus)"
+        )
+    if advice["mode"] == "colocated" and set(roles) != {"colocated"}:
+        raise ClientError(
+            f"the advice is {want}, the cluster is disaggregated: start it with tetrictl up --mode colocated"
+        )
+    if advice["mode"] == "disaggregated" and "colocated" in roles:
+        raise ClientError(
+            f"the advice is {want}, the cluster is colocated: start it with tetrictl up --prefill/--decode"
+        )
+    current = (await c.policies())["policies"]
+    changes = {k: v for k, v in advice["policies"].items() if current.get(k) != v}
+    if changes:
+        await c.set_policies(changes)
+    flips: list[dict[str, Any]] = []
+    if advice["mode"] == "disaggregated":
+        more = advice["prefill"] - roles["prefill"]
+        role, to = ("decode", "prefill") if more > 0 else ("prefill", "decode")
+        for inst in sorted((i for i in live if i["role"] == role), key=lambda i: i["id"])[: abs(more)]:
+            started = await c.flip(inst["id"], to, reason=f"tetrictl advise: {want}")
+            row = await wait_flip(c, started["id"], timeout)
+            if row.get("outcome") != "done":
+                raise ClientError(f"flip {row['id']} of {inst['id']} ended {row.get('outcome')}")
+            flips.append(row)
+    version = (await c.policies())["version"]
+    deadline = time.monotonic() + 30
+    while {i["policy_version"] for i in await c.instances() if i["state"] != "gone"} != {version}:
+        if time.monotonic() > deadline:
+            raise ClientError("the workers have not taken the new policies after 30 s")
+        await asyncio.sleep(0.1)
+    return {"changed": sorted(changes), "flips": flips, "policy_version": version}
