@@ -507,14 +507,8 @@ class InstanceScheduler:
     def _schedule_mixed(self) -> IterationPlan | None:
         """vllm-v1: each running request's next token, then prompt chunks (those under way first, then
         newly admitted ones) while the token budget lasts, in one iteration."""
-        running = self._running
-        preempted: list[str] = []
-        while running and self._used + len(running) > self.capacity:
-            r = running.pop()
-            preempted.append(r.req.request_id)
-            self._preempt(r)
-        pieces = [Piece(r.rid, r.kv, 1) for r in running]
-        left = self.token_budget - len(pieces)
+        preempted = self._preempt_to_fit()
+        left = self.token_budget - len(self._running)
         chunks: list[Piece] = []
         for r in self._prefilling.values():
             if left <= 0:
@@ -532,10 +526,8 @@ class InstanceScheduler:
                 left -= take
                 if left <= 0:
                     break
-        for r in running:
-            r.kv += 1  # the slot of the token this step feeds
-        self._used += len(running)
-        context = sum(r.kv for r in running)
+        pieces = self._feed_running()
+        context = sum(r.kv for r in self._running)
         if not pieces and not chunks:
             if not preempted:
                 return None
@@ -548,13 +540,28 @@ class InstanceScheduler:
 
     # --- decode ----------------------------------------------------------------------------------------
 
-    def _schedule_decode(self, *, admit_waiting: bool) -> IterationPlan | None:
+    def _preempt_to_fit(self) -> list[str]:
+        """Preempt the most recently admitted running requests while the next step's KV (a slot for each
+        running request's token) would not fit; their ids, in that order."""
         running = self._running
         preempted: list[str] = []
         while running and self._used + len(running) > self.capacity:
             r = running.pop()
             preempted.append(r.req.request_id)
             self._preempt(r)
+        return preempted
+
+    def _feed_running(self) -> list[Piece]:
+        """One token for each running request in this step: its piece, and the KV slot the token takes."""
+        pieces = [Piece(r.rid, r.kv, 1) for r in self._running]
+        for r in self._running:
+            r.kv += 1
+        self._used += len(self._running)
+        return pieces
+
+    def _schedule_decode(self, *, admit_waiting: bool) -> IterationPlan | None:
+        running = self._running
+        preempted = self._preempt_to_fit()
         admitted: list[str] = []
         pulled: list[str] = []
         recompute = 0
@@ -589,10 +596,7 @@ class InstanceScheduler:
                 preempted=tuple(preempted),
                 pulled=tuple(pulled),
             )
-        pieces = [Piece(r.rid, r.kv, 1) for r in running]
-        for r in running:
-            r.kv += 1  # the slot of the token this step feeds
-        self._used += len(running)
+        pieces = self._feed_running()
         duration = self.cost.decode_step_time(len(running), self._used)
         if recompute:
             duration += self.cost.prefill_flops(recompute) / self.cost.effective_flops
