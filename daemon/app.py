@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -72,7 +73,11 @@ def create_app(
             dead_after_s=settings.dead_after_s,
         )
         if settings.policies:  # the cluster's first policy version: the workers apply it from the first broadcast
+            before, after = cluster.policies.to_dict(), start_policies(settings).to_dict()
             cluster.set_policies(start_policies(settings))
+            for name in (k for k in after if after[k] != before[k]):  # audited as the configuration's
+                old, new = json.dumps(before[name]), json.dumps(after[name])
+                await asyncio.to_thread(store.record_policy_change, clock.now(), name, old, new, "daemon config")
         predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
         gateway = Gateway(
             cluster,

@@ -37,8 +37,11 @@ def _requests(
         raise WorkloadSpecError("give the workload as --trace FILE or as --workload NAME --rate R (one of them)")
     model = load_profile(profile).model
     if trace is not None:
-        with trace.open(encoding="utf-8") as f:
-            return read_trace(f, model.max_model_len)
+        try:
+            with trace.open(encoding="utf-8") as f:
+                return read_trace(f, model.max_model_len)
+        except UnicodeDecodeError:
+            raise WorkloadSpecError(f"--trace {trace}: not UTF-8 text (a JSONL trace)") from None
     assert workload is not None
     if rate is None or not (rate > 0 and math.isfinite(rate)):
         raise WorkloadSpecError("--workload needs --rate, requests per second (> 0)")
@@ -100,19 +103,17 @@ def advise_cmd(
             seed=seed,
         )
         requests = _requests(trace, workload, rate, n, seed, profile)
-        with progress("advise", json_out) as bar:
-            doc = advise(requests, spec, progress=bar)
-    if apply:
-        doc["applied"] = _apply(url, token, config, doc, timeout)
+    tgt = target(url, token, config) if apply else None
+    if tgt is not None:  # a cluster of another size, or none at all, is refused before the simulation runs
+        call(tgt, lambda c: _serving(c, gpus), lambda _: None, False)
+    with user_errors(), progress("advise", json_out) as bar:
+        doc = advise(requests, spec, progress=bar)
+    if tgt is not None:
+        doc["applied"] = call(tgt, lambda c: apply_advice(c, doc, timeout), lambda _: None, False)
     if json_out:
         print_json(doc)
         return
     render(doc)
-
-
-def _apply(url: str | None, token: str | None, config: Path | None, doc: dict[str, Any], timeout: float) -> Any:
-    """Run `apply_advice` against the daemon; a refusal is one line and exit 1 (console.call)."""
-    return call(target(url, token, config), lambda c: apply_advice(c, doc, timeout), lambda _: None, False)
 
 
 def render(doc: dict[str, Any]) -> None:
@@ -144,17 +145,43 @@ def render(doc: dict[str, Any]) -> None:
         out.print(f"applied: policies changed {', '.join(applied['changed']) or 'none'}; flips {flips}")
 
 
+# The policies an advice sets: the ones the simulator ran it with. The flip watcher's are the operator's.
+APPLIED = {
+    "disaggregated": (
+        "prefill_policy",
+        "prefill_sched_batch",
+        "chunk_size",
+        "predictor",
+        "predictor_accuracy",
+        "predictor_granularity",
+        "dispatch",
+        "decode_admission",
+        "reserve_point",
+    ),
+    "colocated": ("colocated_schedule", "decode_admission"),
+}
+
+
+async def _serving(c: TetriClient, gpus: int) -> list[dict[str, Any]]:
+    """The cluster's instances, refused unless all `gpus` of them are active (none unhealthy, flipping or
+    draining: --apply changes a settled cluster)."""
+    insts = await c.instances()
+    busy = [f"{i['id']} ({i['state']})" for i in insts if i["state"] != "active"]
+    if busy:
+        raise ClientError(f"not every instance is active ({', '.join(busy)}): apply when the cluster has settled")
+    if len(insts) != gpus:
+        raise ClientError(f"the cluster has {len(insts)} instances; the advice is for {gpus} (advise with --gpus)")
+    return insts
+
+
 async def apply_advice(c: TetriClient, doc: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Change the live cluster to the advice: the policies (one audited change), then flips until the
-    P:D split matches, one at a time (a flip drains its instance first); then every worker runs them."""
+    """Change the live cluster to the advice: the policies it was simulated with (`APPLIED`, one audited
+    change), then flips until the P:D split matches, one at a time (a flip drains its instance first);
+    then every worker runs them. A flip that fails stops it there, with the policies already set."""
     advice = doc["advice"]
-    live = [i for i in await c.instances() if i["state"] != "gone"]
+    live = await _serving(c, doc["gpus"])
     roles = Counter(i["role"] for i in live)
     want = describe(advice)
-    if len(live) != doc["gpus"]:
-        raise ClientError(
-            f"the cluster has {len(live)} instances; the advice is for {doc['gpus']} (advise with --gpus)"
-        )
     if advice["mode"] == "colocated" and set(roles) != {"colocated"}:
         raise ClientError(
             f"the advice is {want}, the cluster is disaggregated: start it with tetrictl up --mode colocated"
@@ -164,7 +191,8 @@ async def apply_advice(c: TetriClient, doc: dict[str, Any], timeout: float) -> d
             f"the advice is {want}, the cluster is colocated: start it with tetrictl up --prefill/--decode"
         )
     current = (await c.policies())["policies"]
-    changes = {k: v for k, v in advice["policies"].items() if current.get(k) != v}
+    policies = advice["policies"]
+    changes = {k: policies[k] for k in APPLIED[advice["mode"]] if current.get(k) != policies[k]}
     if changes:
         await c.set_policies(changes)
     flips: list[dict[str, Any]] = []
@@ -179,7 +207,7 @@ async def apply_advice(c: TetriClient, doc: dict[str, Any], timeout: float) -> d
             flips.append(row)
     version = (await c.policies())["version"]
     deadline = time.monotonic() + 30
-    while {i["policy_version"] for i in await c.instances() if i["state"] != "gone"} != {version}:
+    while {i["policy_version"] for i in await c.instances()} != {version}:
         if time.monotonic() > deadline:
             raise ClientError("the workers have not taken the new policies after 30 s")
         await asyncio.sleep(0.1)

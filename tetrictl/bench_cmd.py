@@ -316,23 +316,18 @@ def _sweep(
             load_profile(profile)
         except ValueError as e:
             raise WorkloadSpecError(str(e)) from None
-        try:
-            spec = SweepSpec(
-                workloads=tuple(w.strip() for w in (workloads or "Mixed").split(",") if w.strip()),
-                profile=profile,
-                gpus=ints(gpus, "--gpus"),
-                loads=floats(loads, "--loads"),
-                chunks=ints(chunks, "--chunks"),
-                baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
-                n=512 if n is None else n,
-                seed=seed,
-                price=price,
-                slo=parse_slos(slo or []),
-            )
-        except WorkloadSpecError:
-            raise
-        except ValueError as e:
-            raise WorkloadSpecError(str(e)) from None
+        spec = SweepSpec(
+            workloads=tuple(w.strip() for w in (workloads or "Mixed").split(",") if w.strip()),
+            profile=profile,
+            gpus=ints(gpus, "--gpus"),
+            loads=floats(loads, "--loads"),
+            chunks=ints(chunks, "--chunks"),
+            baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
+            n=512 if n is None else n,
+            seed=seed,
+            price=price,
+            slo=parse_slos(slo or []),
+        )
         for path, what in ((plot, "the region map"), (out_file, "the JSON")):
             if path is not None and path.parent and not path.parent.is_dir():
                 raise WorkloadSpecError(f"cannot write {what}: {path.parent} is not a directory")

@@ -170,6 +170,7 @@ def up(
     SIGTERM stops everything, the daemon first: it drains its in-flight requests."""
     if mode not in ("disaggregated", "colocated"):
         fail(f"--mode must be disaggregated or colocated, not {mode!r}")
+    baseline = baseline.strip().lower() if baseline is not None else None
     if baseline is not None and baseline not in BASELINES:
         fail(f"--baseline must be one of {', '.join(BASELINES)}, not {baseline!r}")
     if baseline is not None and mode != "colocated":

@@ -200,6 +200,8 @@ def requests_export(
 ) -> None:
     """The finished requests as a workload trace, one JSON line each (arrival_s from the first arrival,
     prompt_tokens, output_tokens): what `tetrictl advise --trace` reads."""
+    if out_file is not None and json_out:
+        fail("--out writes the trace as JSON lines; --json prints it as one document: give one of them")
     if out_file is not None and out_file.parent and not out_file.parent.is_dir():
         fail(f"--out {out_file}: {out_file.parent} is not a directory")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tetri.des.sweep import SweepSpec, run_sweep
+from tetri.des.workloads import WorkloadSpecError
 
 from .output import progress, table
 
@@ -22,14 +23,14 @@ def floats(text: str, what: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ValueError(f"{what}: expected comma-separated numbers, got {text!r}") from None
+        raise WorkloadSpecError(f"{what}: expected comma-separated numbers, got {text!r}") from None
 
 
 def ints(text: str, what: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ValueError(f"{what}: expected comma-separated whole numbers, got {text!r}") from None
+        raise WorkloadSpecError(f"{what}: expected comma-separated whole numbers, got {text!r}") from None
 
 
 def sweep(spec: SweepSpec, quiet: bool) -> dict[str, Any]:

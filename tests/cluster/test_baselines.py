@@ -27,6 +27,12 @@ def test_tetrictl_up_runs_the_colocated_instances_as_vllm_v1(tmp_path: Path) -> 
         )
         with httpx.Client(base_url=doc["url"], timeout=30) as h:
             assert h.get("/api/v1/policies").json()["policies"]["colocated_schedule"] == "vllm-v1"
+            (audit,) = h.get("/api/v1/policies/history").json()["changes"]  # the start is audited too
+            assert (audit["field"], audit["new_value"], audit["requested_by"]) == (
+                "colocated_schedule",
+                '"vllm-v1"',
+                "daemon config",
+            )
             deadline = time.monotonic() + 10
             while {i["policy_version"] for i in h.get("/api/v1/instances").json()["instances"]} != {1}:
                 assert time.monotonic() < deadline, "the worker never acknowledged the starting policies"
