@@ -3,7 +3,7 @@
 Every candidate runs on the simulator with the workload's own arrivals: each colocated baseline on all
 the GPUs, and TetriInfer at every P:D split × ChunkSize × prefill order × decode admission (the rest of
 its policies are the bench's: an oracle length predictor at 74.9%, power-of-two dispatch). A setup's
-**goodput** is the workload's offered rate (requests / arrival span) × the share of its requests within
+**goodput** is the workload's offered rate ((requests − 1) / arrival span) × the share of its requests within
 their SLOs; the advice is the setup with the highest goodput, the lower average JCT breaking ties, and a
 disaggregated setup only when it beats the best colocated one. Beside it: TTFT and TPOT percentiles and
 the dollars per million output tokens (provisioned GPUs × the run's wall time × price).

@@ -75,7 +75,7 @@ class IterationStats:
     """One engine iteration, passed to `SimEngine.on_iteration` when it is planned."""
 
     index: int  # 1-based, equals `SimEngine.iterations` for this iteration
-    kind: str  # "prefill" or "decode"
+    kind: str  # "prefill", "decode" or "mixed" (vllm-v1: prefill chunks in the decode batch)
     start: float  # model time the iteration starts
     duration: float  # model seconds
     kv_used_tokens: int  # KV in use (held or reserved) while it runs
