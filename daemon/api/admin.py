@@ -19,6 +19,7 @@ from tetri.planner.workload import WorkloadError
 from tetri.scheduling.policyset import PolicyError
 
 from ..db.models import Phase, Status
+from ..db.store import REQUEST_COLUMNS
 from ..flips import FlipError
 from ..gateway import Gateway
 from .auth import identity, require_admin
@@ -100,12 +101,15 @@ async def requests(
 async def one_request(request_id: str, request: Request) -> dict[str, Any]:
     gw = _gw(request)
     row = await asyncio.to_thread(request.app.state.store.get_request, request_id)
+    queued = gw.writer.pending_fields(request_id)  # written at the next flush: a finished request's last fields
     fl = gw.inflight.get(request_id)
-    if row is None and fl is None:
+    if row is None and queued is None and fl is None:
         raise HTTPException(404, detail=f"no request {request_id!r}")
-    out: dict[str, Any] = dict(row or {"id": request_id})
+    base = row if row is not None else dict.fromkeys(sorted(REQUEST_COLUMNS)) | {"id": request_id}
+    out: dict[str, Any] = base | (queued or {})
     if fl is not None:
         out.update(
+            model=fl.model,
             phase=fl.phase.value,
             status=Status.RUNNING.value,
             prefill_instance=fl.prefill_instance,

@@ -146,6 +146,19 @@ class BatchWriter:
         self._pending.samples.extend(new_rows)
         self._maybe_wake()
 
+    def pending_fields(self, request_id: str) -> dict[str, Any] | None:
+        """The fields of this request queued and not yet committed (its insert and updates, oldest batch
+        first, later values winning), or None: what a read of its row must lay over the table's to see
+        the request as the daemon knows it (a request that just finished may not be flushed yet)."""
+        out: dict[str, Any] | None = None
+        for batch in (self._writing, self._retry, self._pending):
+            if batch is None:
+                continue
+            for fields in (batch.inserts.get(request_id), batch.updates.get(request_id)):
+                if fields:
+                    out = (out or {}) | fields
+        return out
+
     def inserting(self, request_id: str) -> bool:
         """Whether an insert of this request id is queued (submitted, not yet written)."""
         return any(b is not None and request_id in b.inserts for b in (self._pending, self._retry, self._writing))

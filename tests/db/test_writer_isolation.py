@@ -120,3 +120,27 @@ def test_duplicate_insert_never_writes_onto_the_existing_row(tmp_path: Path) -> 
     assert a is not None and (a["max_tokens"], a["output_tokens"], a["status"]) == (8, 0, "running")
     assert b is not None and b["output_tokens"] == 5
     assert writer.rows_dropped == 1
+
+
+def test_pending_fields_are_what_is_queued_until_it_is_written(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'tetri.db'}")
+    try:
+
+        async def play() -> None:
+            writer = BatchWriter(store, flush_interval_s=60.0)
+            assert writer.pending_fields("a") is None
+            writer.submit_request_insert(id="a", model="m", arrival_ts=1.0, max_tokens=8)
+            writer.submit_request_update("a", status="finished", phase="done", output_tokens=8)
+            assert writer.pending_fields("a") == {
+                "id": "a", "model": "m", "arrival_ts": 1.0, "max_tokens": 8,
+                "status": "finished", "phase": "done", "output_tokens": 8,
+            }  # fmt: skip
+            await writer.flush()
+            assert writer.pending_fields("a") is None
+            writer.submit_progress("a", 9)
+            assert writer.pending_fields("a") == {"output_tokens": 9}
+            await writer.stop()
+
+        asyncio.run(play())
+    finally:
+        store.close()
