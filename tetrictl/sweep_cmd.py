@@ -129,8 +129,12 @@ def write_region_map(doc: dict[str, Any], path: Path) -> None:
                 for split, cell in r["by_split"].items():
                     y = int(split) - 1
                     ratio = cell["ratio"]
-                    grid[y, x] = np.nan if ratio is None else min(max(ratio, 0.25), 4.0)
-                    notes[(y, x)] = ("—" if ratio is None else f"{ratio:.2f}") + f"\n{cell['chunk_size']}"
+                    if ratio is None:  # the baseline served nothing within the SLO: TetriInfer some (∞) or none
+                        grid[y, x] = 4.0 if cell["wins"] else np.nan
+                        notes[(y, x)] = ("∞" if cell["wins"] else "—") + f"\n{cell['chunk_size']}"
+                        continue
+                    grid[y, x] = min(max(ratio, 0.25), 4.0)
+                    notes[(y, x)] = f"{ratio:.2f}\n{cell['chunk_size']}"
             image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto", origin="lower")
             for (y, x), text in notes.items():
                 ax.text(x, y, text, ha="center", va="center", fontsize=6)

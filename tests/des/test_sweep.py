@@ -49,6 +49,17 @@ def test_the_region_map_names_the_best_setup_of_each_cell():
         assert r["wins"] == (best > 0 and best >= b)
         assert r["ratio"] == (best / b if b else None)
         assert set(r["by_split"]) == {str(k) for k in range(1, r["gpus"])}
+        for split, cell in r["by_split"].items():
+            mine = max(p["metrics"]["perf_per_dollar"] for p in cell_points(cell_of(r, doc), int(split)))
+            assert cell["wins"] == (mine > 0 and mine >= b)
+
+
+def cell_of(region: dict, doc: dict) -> list[dict]:
+    return [p for p in doc["points"] if (p["gpus"], p["load"]) == (region["gpus"], region["load"])]
+
+
+def cell_points(points: list[dict], prefill: int) -> list[dict]:
+    return [p for p in points if p["prefill"] == prefill]
 
 
 @pytest.mark.parametrize(
