@@ -26,6 +26,7 @@ from tetri.scheduling.policyset import PolicySet
 
 from .cluster import ClusterConfig, simulate
 from .experiments import TETRI_POLICY
+from .metrics import summarize
 from .records import RunResult
 from .slo import DEFAULT_SLO, SloSet
 from .workloads import Request, WorkloadSpecError
@@ -104,24 +105,22 @@ def offered_rate(requests: Sequence[Request]) -> float | None:
 
 
 def outcome(result: RunResult, spec: AdviceSpec, rate: float | None) -> dict[str, Any]:
-    """What a setup gives on the workload: goodput (module docstring), latency percentiles, $ per M tokens."""
+    """What a setup gives on the workload: goodput (module docstring), latency percentiles, $ per M tokens;
+    the bench's `summarize` gives the share within the SLOs, the p99s, the JCT and the cost."""
+    m = summarize(result, spec.price, spec.slo)
     reqs = result.requests
-    good = sum(1 for r in reqs if spec.slo.met(r))
-    share = good / len(reqs)
-    ttft = np.array([r.ttft for r in reqs])
     tpots = [r.tpot for r in reqs if r.output_len > 1]
     tokens = sum(r.output_len for r in reqs)
-    cost_usd = result.provisioned * result.makespan / 3600.0 * spec.price
     return {
-        "goodput_rps": (rate if rate is not None else len(reqs) / result.makespan) * share,
-        "within_slo": share,
-        "p50_ttft_s": float(np.percentile(ttft, 50)),
-        "p99_ttft_s": float(np.percentile(ttft, 99)),
+        "goodput_rps": (rate if rate is not None else len(reqs) / result.makespan) * m["slo_attainment"],
+        "within_slo": m["slo_attainment"],
+        "p50_ttft_s": float(np.percentile([r.ttft for r in reqs], 50)),
+        "p99_ttft_s": m["p99_ttft_s"],
         "p50_tpot_s": float(np.percentile(tpots, 50)) if tpots else 0.0,
-        "p99_tpot_s": float(np.percentile(tpots, 99)) if tpots else 0.0,
-        "avg_jct_s": float(np.mean([r.jct for r in reqs])),
-        "usd_per_m_tokens": cost_usd / tokens * 1e6 if tokens else 0.0,
-        "makespan_s": result.makespan,
+        "p99_tpot_s": m["p99_tpot_s"],
+        "avg_jct_s": m["avg_jct_s"],
+        "usd_per_m_tokens": m["cost_usd"] / tokens * 1e6 if tokens else 0.0,
+        "makespan_s": m["makespan_s"],
     }
 
 
