@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tetri.clock import ClusterClock
-from tetri.config import DaemonSettings, start_policies
+from tetri.config import DaemonSettings, flip_advisor, start_policies
 
 from .api import admin, openai
 from .api.guard import BodyGuard, documented_openapi, validation_param
@@ -104,7 +104,7 @@ def create_app(
         app.state.served = served
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
         app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, server.port, recovered
-        flipper = Flipper(cluster, gateway.workers, store)
+        flipper = Flipper(cluster, gateway.workers, store, flip_advisor(settings), writer.pending_fields)
         app.state.flipper = flipper
         monitor = asyncio.create_task(cluster.monitor())
         # one model second (the simulator's watch interval), no more often than load reports arrive

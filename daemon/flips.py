@@ -11,15 +11,26 @@ and the instance is active again, announced in the next broadcast. Each flip is 
 The transition watcher sees the cluster clock too: its window (`flip_window_s`) is model time when the
 cluster runs scaled, as in the discrete-event simulator, and it looks every model second (the
 simulator's watch interval) but no more often than load reports arrive.
+
+Under the `advise` policy, when the watcher asks for advice the daemon reads the window's requests from
+the status table (`Store.window_requests`; the batched writer's pending fields over them, so a request
+finished a moment ago counts as finished) and runs the `SplitAdvisor` (simulations of that window: seconds
+of CPU for thousands of requests) in a child process of its own, started on the first advice, so the
+replay never holds the event loop's interpreter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from tetri.scheduling.flip import InstanceView, TransitionWatcher, flip_refusal
+from tetri.des.flipadvisor import SplitAdvisor
+from tetri.des.trace import Seen
+from tetri.scheduling.flip import InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
 
 from .cluster import Cluster, Instance
 from .db.store import Store
@@ -35,13 +46,23 @@ class FlipError(Exception):
 
 
 class Flipper:
-    def __init__(self, cluster: Cluster, workers: WorkerClient, store: Store) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        workers: WorkerClient,
+        store: Store,
+        advisor: SplitAdvisor | None = None,
+        pending: Callable[[str], dict[str, Any] | None] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.clock = cluster.clock
         self.workers = workers
         self.store = store
+        self.advisor = advisor  # the `advise` policy's model; None: the daemon has no cost profile
+        self.pending = pending  # the batched writer's fields not yet in the status table, by request id
         self.tasks: set[asyncio.Task[None]] = set()
         self.watcher = TransitionWatcher()
+        self._pool: ProcessPoolExecutor | None = None  # where the advisor's replays run
 
     def validate(self, instance_id: str, to_role: str | None) -> tuple[Instance, str]:
         inst = self.cluster.instances.get(instance_id)
@@ -112,6 +133,8 @@ class Flipper:
         while True:
             await asyncio.sleep(every_s)
             self.configure()
+            now = self.clock.now()
+            advice = await self.advice(now) if self.watcher.advice_due(now) else None
             views = [
                 InstanceView(
                     i.id,
@@ -123,12 +146,39 @@ class Flipper:
                 for i in self.cluster.instances.values()
                 if i.role in ("prefill", "decode")
             ]
-            for d in self.watcher.observe(self.clock.now(), views):
+            for d in self.watcher.observe(now, views, advice):
                 try:
                     await self.start(d.instance_id, d.to_role, d.reason, "transition-watcher")
                 except FlipError as e:
                     log.info("watcher's flip of %s not started: %s", d.instance_id, e)
 
+    async def advice(self, now: float) -> SplitAdvice | None:
+        """The split the advisor wants for the last window (None without an advisor or evidence)."""
+        if self.advisor is None:
+            return None
+        rows = await asyncio.to_thread(self.store.window_requests, now - self.watcher.window_s, now)
+        seen = []
+        for row in rows:
+            r = row | ((self.pending(row["id"]) or {}) if self.pending is not None else {})
+            done, hi = r["status"] == "finished", r["predicted_hi"]
+            seen.append(
+                Seen(r["id"], r["arrival_ts"], r["prompt_tokens"], r["max_tokens"], r["output_tokens"], done, hi)
+            )
+        active = [i.role for i in self.cluster.instances.values() if i.state == "active" and not i.flip_pending]
+        p, d = active.count("prefill"), active.count("decode")
+        if self._pool is None:  # spawn, not fork: the daemon runs gRPC threads
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, self.advisor.advise, seen, self.cluster.policies, p, d)
+        except Exception as e:  # the replay failed (or its process died): no advice this window, say why
+            log.warning("flip advisor: no advice this window: %s: %s", type(e).__name__, e)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            return None
+
     async def close(self) -> None:
         for t in list(self.tasks):
             t.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tetri import eventloop
-from tetri.config import ConfigError, DaemonSettings, load_daemon_settings, start_policies
+from tetri.config import ConfigError, DaemonSettings, check_daemon_settings, load_daemon_settings
 from tetri.gcheap import freeze_startup_heap
 
 from .api.front import OpenAIFront
@@ -167,6 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FIELD=VALUE",
         help="A runtime policy the cluster starts with (repeatable), e.g. colocated_schedule=vllm-v1.",
     )
+    ap.add_argument("--profile", help="The cluster's cost profile: what the advise flip policy simulates.")
+    ap.add_argument("--profiles-file", help="Read --profile from this file (`tetrictl profile` writes one).")
+    ap.add_argument(
+        "--slo",
+        action="append",
+        metavar="SPEC",
+        help="SLOs the advise flip policy scores against (repeatable): ttft=1,tpot=0.1 or HPLD:ttft=5.",
+    )
     a = ap.parse_args(argv)
     try:
         settings = load_daemon_settings(
@@ -179,10 +187,13 @@ def main(argv: list[str] | None = None) -> int:
             db_url=a.db_url,
             token=a.token,
             time_scale=a.time_scale,
+            profile=a.profile,
+            profiles_file=a.profiles_file,
+            slo=a.slo,
         )
         if a.policy:  # over the configured ones, as every flag is
             settings = settings.model_copy(update={"policies": settings.policies | _policy_args(a.policy)})
-            start_policies(settings)
+            check_daemon_settings(settings)
         loop = eventloop.chosen()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

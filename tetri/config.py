@@ -16,6 +16,10 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .costmodel import load_profile
+from .des.flipadvisor import SplitAdvisor
+from .des.slo import parse_slos
+from .des.workloads import WorkloadSpecError
 from .scheduling.policyset import PolicyError, PolicySet
 
 Role = Literal["prefill", "decode", "colocated"]
@@ -97,6 +101,19 @@ class DaemonSettings(BaseSettings):
         default_factory=dict,
         description='The runtime policies the cluster starts with (`{colocated_schedule = "vllm-v1"}`; any '
         "field of `tetrictl policy show`); changed later with `tetrictl policy set`.",
+    )
+    profile: str | None = Field(
+        None,
+        description="Cost profile of the cluster's model and GPUs (tetri/profiles.toml, or profiles_file): what "
+        "the `advise` flip policy simulates; without one that policy is refused. `tetrictl up` passes its own.",
+    )
+    profiles_file: str | None = Field(
+        None, description="Read `profile` from this file (`tetrictl profile` writes one)."
+    )
+    slo: list[str] = Field(
+        default_factory=list,
+        description="The SLOs the `advise` flip policy scores splits against: 'ttft=1,tpot=0.1' (the default) "
+        "and per class 'HPLD:ttft=5' (seconds; as `tetrictl advise --slo`).",
     )
 
     def grpc_token(self) -> str | None:
@@ -228,10 +245,33 @@ def _build(cls: type[BaseSettings], path: Path | None, name: str, overrides: dic
 
 def load_daemon_settings(path: Path | None = None, **overrides: Any) -> DaemonSettings:
     s: DaemonSettings = _build(DaemonSettings, path, "daemon", overrides)
+    check_daemon_settings(s)
+    return s
+
+
+def check_daemon_settings(s: DaemonSettings) -> None:
+    """What the fields' own types do not check: a token off loopback, the starting policies, the profile
+    and SLOs (ConfigError, one line naming the field)."""
     if s.needs_token() and not s.token:
         raise ConfigError("daemon bound off loopback needs a token (--token or TETRI_DAEMON_TOKEN)")
-    start_policies(s)
-    return s
+    if start_policies(s).flip_policy == "advise" and s.profile is None:
+        raise ConfigError("[daemon] policies.flip_policy: advise needs the cluster's cost profile (--profile)")
+    flip_advisor(s)
+
+
+def flip_advisor(s: DaemonSettings) -> SplitAdvisor | None:
+    """The `advise` flip policy's model for this daemon: its profile and SLOs (None without a profile);
+    ConfigError names a bad one."""
+    if s.profile is None:
+        return None
+    try:
+        profile = load_profile(s.profile, Path(s.profiles_file) if s.profiles_file else None)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"[daemon] profile: {e}") from None
+    try:
+        return SplitAdvisor(profile, parse_slos(s.slo))
+    except WorkloadSpecError as e:
+        raise ConfigError(f"[daemon] slo: {e}") from None
 
 
 def start_policies(s: DaemonSettings) -> PolicySet:

@@ -141,7 +141,7 @@ def start_local_cluster(
     Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md). `policies`: the
     runtime policies the cluster starts with (the daemon's `--policy FIELD=VALUE`)."""
     dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
-    dargs += ["--time-scale", str(time_scale)]
+    dargs += ["--time-scale", str(time_scale), "--profile", profile]  # the advise flip policy's model
     for name, value in (policies or {}).items():
         dargs += ["--policy", f"{name}={value}"]
     if config is not None:

@@ -167,6 +167,9 @@ async def set_policies(request: Request, changes: Annotated[dict[str, Any], Body
         raise HTTPException(400, detail={"message": str(e), "param": e.field}) from None
     except TypeError as e:
         raise HTTPException(400, detail={"message": str(e), "param": None}) from None
+    if new.flip_policy == "advise" and old.flip_policy != "advise" and request.app.state.flipper.advisor is None:
+        message = "flip_policy: advise needs the cluster's cost profile; start the daemon with --profile"
+        raise HTTPException(400, detail={"message": message, "param": "flip_policy"})
     who = identity(request)
     diff = [(k, old.to_dict()[k], v) for k, v in new.to_dict().items() if old.to_dict()[k] != v]
     if diff:

@@ -303,6 +303,19 @@ class Store:
             count = int(conn.execute(total).scalar_one())
         return rows, count
 
+    def window_requests(self, since_ts: float, until_ts: float) -> list[dict[str, Any]]:
+        """Running and finished requests that arrived in [since_ts, until_ts], oldest first: the window
+        the `advise` flip policy replays (id, arrival_ts, prompt_tokens, max_tokens, output_tokens,
+        status, predicted_hi)."""
+        c = REQUESTS.c
+        query = (
+            select(c.id, c.arrival_ts, c.prompt_tokens, c.max_tokens, c.output_tokens, c.status, c.predicted_hi)
+            .where(c.arrival_ts >= since_ts, c.arrival_ts <= until_ts, c.status.in_(("running", "finished")))
+            .order_by(c.arrival_ts.asc(), c.id.asc())
+        )
+        with self.engine.connect() as conn:
+            return _rows(conn.execute(query))
+
     def training_samples(self, limit: int = 5000) -> list[tuple[list[int], int]]:
         """(prompt sample, output tokens) of the newest finished requests that kept a prompt sample —
         what the learned length predictor trains on."""

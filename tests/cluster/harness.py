@@ -75,9 +75,12 @@ def start_cluster(
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
     daemon_stderr: IO[str] | None = None,
+    daemon_profile: bool = True,
 ) -> LiveCluster:
     args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state_dir), "--mode", mode, "--host", host]
     args += ["--time-scale", str(time_scale)]  # one cluster clock: the daemon runs the workers' scale
+    if daemon_profile:  # the workers' profile, as `tetrictl up` passes it (the advise flip policy's model)
+        args += ["--profile", profile]
     if token:
         args += ["--token", token]
     daemon = spawn("daemon.main", args, env, daemon_stderr)

@@ -284,3 +284,46 @@ def test_plan_admission_follows_a_loaded_sorted_f_plan(cluster: LiveCluster):
         assert all(b >= a - 0.02 * SCALE for a, b in itertools.pairwise(starts)), starts
         assert starts[2] > starts[1] + 0.05 * SCALE and starts[4] > starts[3] + 0.05 * SCALE, starts
         assert h.delete(f"/api/v1/instances/{d1}/plan").json()["planned"] == 0
+
+
+def test_advise_flip_policy_moves_the_split_toward_what_the_window_wanted(cluster: LiveCluster):
+    """2P:2D under a decode-heavy burst: the daemon replays the window from its status table on the
+    simulator and flips a prefill instance to decode (1P:3D), recorded as the transition watcher's."""
+    with httpx.Client(base_url=cluster.url, timeout=30) as h:
+        r = h.put("/api/v1/policies", json={"flip_policy": "advise", "flip_window_s": 20.0})  # 2 s of wall time
+        assert r.status_code == 200 and sorted(r.json()["changed"]) == ["flip_policy", "flip_window_s"], r.text
+
+        async def load() -> list[int]:
+            client = openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+            async def one(i: int) -> int:
+                await asyncio.sleep(0.025 * i)  # 40 a wall second: 4 a model second
+                out = await client.completions.create(model=MODEL, prompt=[i % 200 + 1] * (8 + i % 20), max_tokens=800)
+                return out.usage.completion_tokens
+
+            try:
+                return await asyncio.gather(*(one(i) for i in range(80)))
+            finally:
+                await client.close()
+
+        assert asyncio.run(load()) == [800] * 80
+        wait_for(lambda: any(f["outcome"] == "done" for f in table(cluster, "flips")), timeout=30)
+        flips = table(cluster, "flips")
+        assert flips[0]["requested_by"] == "transition-watcher", flips
+        assert flips[0]["reason"].startswith("advise: 1P:3D"), flips
+        assert (flips[0]["from_role"], flips[0]["to_role"]) == ("prefill", "decode")
+        roles = sorted(i["role"] for i in h.get("/api/v1/instances").json()["instances"])
+        assert roles == ["decode", "decode", "decode", "prefill"]
+
+
+def test_advise_needs_the_daemons_cost_profile(tmp_path: Path):
+    c = start_cluster(tmp_path, ["prefill", "decode"], time_scale=SCALE, daemon_profile=False)
+    try:
+        with httpx.Client(base_url=c.url, timeout=30) as h:
+            r = h.put("/api/v1/policies", json={"flip_policy": "advise"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "flip_policy", r.text
+            assert "--profile" in r.json()["error"]["message"]
+            assert h.get("/api/v1/policies").json()["version"] == 0
+            assert h.put("/api/v1/policies", json={"flip_policy": "idle"}).status_code == 200
+    finally:
+        c.stop()

@@ -160,6 +160,8 @@ def test_policy_and_flip_policy(cluster: LiveCluster):
     assert fp["flip_window_s"] == 30 and fp["changed"] == ["flip_window_s"]
     fails(ctl(cluster, "flip-policy", "set", "--low", "0.95"), exitcodes.USAGE, "flip_low")
     fails(ctl(cluster, "flip-policy", "set", "--policy", "sometimes"), exitcodes.USAGE, "flip_policy")
+    fp = ok_json(cluster, "flip-policy", "set", "--policy", "advise")  # the daemon has the cluster's profile
+    assert fp["flip_policy"] == "advise" and fp["changed"] == ["flip_policy"]
 
 
 def test_flip_wait_and_refusals(cluster: LiveCluster):

@@ -1,4 +1,4 @@
-"""Instance flips (TetriInfer §3.5): the transition watcher's idle policy. Time is a plain number fed
+"""Instance flips (TetriInfer §3.5): the transition watcher's idle and advise policies. Time is a plain number fed
 to `observe`; no clocks."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tetri.scheduling.flip import FlipDecision, InstanceView, TransitionWatcher, check_flip_policy
+from tetri.scheduling.flip import FlipDecision, InstanceView, SplitAdvice, TransitionWatcher, check_flip_policy
 
 
 def view(iid: str, role: str, kv: float, state: str = "active", queued: int = 0) -> InstanceView:
@@ -248,3 +248,63 @@ def test_one_flip_refusal_rule():
     assert same is not None and "already is a decode" in same.reason
     colocated = flip_refusal("c0", "colocated", "active", "decode", 3)
     assert colocated is not None and "only prefill and decode" in colocated.reason
+
+
+# --- advise: flip one instance at a time toward the split the advisor gives ------------------------------
+def advising(window_s: float = 10.0) -> TransitionWatcher:
+    return TransitionWatcher(policy="advise", window_s=window_s)
+
+
+def test_advise_asks_every_window_and_keeps_the_answer_until_the_next() -> None:
+    w = advising()
+    views = cluster()
+    assert not w.advice_due(0.0)  # the first look starts the clock
+    assert w.observe(0.0, views) == []
+    assert not w.advice_due(9.9)
+    assert w.advice_due(10.0)
+    [d] = w.observe(10.0, views, SplitAdvice(1, 3, "window"))
+    assert (d.instance_id, d.to_role) == ("p1", "decode")  # the least loaded prefill instance
+    assert d.reason.startswith("advise: 1P:3D") and "window" in d.reason
+    assert not w.advice_due(12.0)
+    # still short of the split a look later (the flip did not happen): the kept advice asks again
+    assert [x.instance_id for x in w.observe(12.0, views)] == ["p1"]
+    assert w.advice_due(20.0)
+    assert w.observe(20.0, views, None) == []  # no advice this window: nothing to move toward
+
+
+def test_advise_moves_decode_to_prefill_and_stops_at_the_split() -> None:
+    w = advising()
+    w.observe(0.0, cluster())
+    views = [
+        view("p0", "prefill", 0.9),
+        view("d0", "decode", 0.4),
+        view("d1", "decode", 0.1),
+        view("d2", "decode", 0.2),
+    ]
+    [d] = w.observe(10.0, views, SplitAdvice(2, 2, "x"))
+    assert (d.instance_id, d.to_role) == ("d1", "prefill")
+    there = [
+        view("p0", "prefill", 0.9),
+        view("d1", "prefill", 0.0),
+        view("d0", "decode", 0.4),
+        view("d2", "decode", 0.2),
+    ]
+    assert w.observe(11.0, there) == []
+
+
+def test_advise_never_flips_the_last_instance_or_during_a_flip_or_for_another_instance_count() -> None:
+    w = advising()
+    w.observe(0.0, [])
+    two = [view("p0", "prefill", 0.0), view("d0", "decode", 0.9)]
+    assert w.observe(10.0, two, SplitAdvice(0, 2, "x")) == []  # would leave no prefill instance
+    w = advising()
+    w.observe(0.0, [])
+    assert w.observe(10.0, [*cluster()[:3], view("d1", "decode", 0.9, state="draining")], SplitAdvice(1, 3, "x")) == []
+    w = advising()
+    w.observe(0.0, [])
+    assert w.observe(10.0, cluster(), SplitAdvice(1, 4, "x")) == []  # advice for five instances, four active
+
+
+def test_advise_is_not_due_under_other_policies() -> None:
+    assert not watcher().advice_due(1e9)
+    assert not TransitionWatcher(policy="off").advice_due(1e9)

@@ -104,10 +104,10 @@ def offered_rate(requests: Sequence[Request]) -> float | None:
     return (len(requests) - 1) / span if span > 0 and len(requests) > 1 else None
 
 
-def outcome(result: RunResult, spec: AdviceSpec, rate: float | None) -> dict[str, Any]:
+def outcome(result: RunResult, slo: SloSet, price: float, rate: float | None) -> dict[str, Any]:
     """What a setup gives on the workload: goodput (module docstring), latency percentiles, $ per M tokens;
     the bench's `summarize` gives the share within the SLOs, the p99s, the JCT and the cost."""
-    m = summarize(result, spec.price, spec.slo)
+    m = summarize(result, price, slo)
     reqs = result.requests
     tpots = [r.tpot for r in reqs if r.output_len > 1]
     tokens = sum(r.output_len for r in reqs)
@@ -124,7 +124,8 @@ def outcome(result: RunResult, spec: AdviceSpec, rate: float | None) -> dict[str
     }
 
 
-def _score(o: dict[str, Any]) -> tuple[float, float]:
+def score(o: dict[str, Any]) -> tuple[float, float]:
+    """How setups rank: goodput, then the lower mean JCT."""
     return (round(o["goodput_rps"], 9), -o["avg_jct_s"])
 
 
@@ -142,13 +143,13 @@ def advise(
     setups = spec.candidates()
     tried = []
     for k, setup in enumerate(setups):
-        tried.append(setup | {"outcome": outcome(runner(requests, _config(spec, setup)), spec, rate)})
+        tried.append(setup | {"outcome": outcome(runner(requests, _config(spec, setup)), spec.slo, spec.price, rate)})
         if progress is not None:
             progress(k + 1, len(setups))
-    colocated = max((t for t in tried if t["mode"] == "colocated"), key=lambda t: _score(t["outcome"]))
+    colocated = max((t for t in tried if t["mode"] == "colocated"), key=lambda t: score(t["outcome"]))
     disagg = [t for t in tried if t["mode"] == "disaggregated"]
-    best_disagg = max(disagg, key=lambda t: _score(t["outcome"])) if disagg else None
-    advice = best_disagg if best_disagg and _score(best_disagg["outcome"]) > _score(colocated["outcome"]) else colocated
+    best_disagg = max(disagg, key=lambda t: score(t["outcome"])) if disagg else None
+    advice = best_disagg if best_disagg and score(best_disagg["outcome"]) > score(colocated["outcome"]) else colocated
     return {
         "profile": spec.profile,
         "gpus": spec.gpus,

@@ -26,7 +26,10 @@ KV was freed plans again in a next round of the same instant.
 * **Flips**: every `watch_interval_s` the watcher sees an `InstanceView` per instance; a decision drains
   the instance (a prefill instance gets no new arrivals and finishes its queue until every held KV is
   pulled; a decode instance gets no new dispatches and finishes its queue and batch), then after
-  `flip_cost_s` it serves the other role. Requests already queued elsewhere are not migrated.
+  `flip_cost_s` it serves the other role. Requests already queued elsewhere are not migrated. Under the
+  `advise` flip policy the watcher is told, every `flip_window_s`, which split a `SplitAdvisor` found best
+  for the requests that arrived in the last window and have finished (a nested simulation of them, flips
+  off), as the daemon tells it from its status table.
 
 Routing and dispatch read loads at decision time (as if load reports were instant). `check_kv=True`
 checks after every event and every planning round that each instance's used KV is the sum of its
@@ -40,18 +43,23 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tetri.costmodel import CostModel, Profile, load_profile
 from tetri.scheduling.dispatch import DecodeLoad, dispatch
-from tetri.scheduling.flip import FlipDecision, InstanceView, TransitionWatcher, flip_refusal
+from tetri.scheduling.flip import FlipDecision, InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
 from tetri.scheduling.instance import HEAVY_DECODE, InstanceScheduler, IterationPlan, Outcome, Phase, SchedRequest
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import OraclePredictor, make_predictor
 from tetri.scheduling.routing import InstanceLoad, least_loaded
 
 from .records import FlipRecord, InstanceRecord, RequestRecord, RunResult
+from .slo import DEFAULT_SLO, SloSet
+from .trace import Seen
 from .workloads import Request
+
+if TYPE_CHECKING:
+    from .flipadvisor import SplitAdvisor
 
 MODES = ("tetri", "vanilla")
 
@@ -76,6 +84,7 @@ class ClusterConfig:
     watch_interval_s: float = 1.0
     flip_cost_s: float = 0.0  # assumed: a role change reuses the loaded weights
     plan_order: tuple[str, ...] = ()  # `plan` admission's order, loaded on every decode/colocated instance
+    slo: SloSet = field(default=DEFAULT_SLO)  # what the `advise` flip policy scores splits against
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -94,7 +103,9 @@ class ClusterConfig:
 class FlipWatcher(Protocol):
     """What the simulator asks about flips: `TransitionWatcher`, or a scripted one in tests."""
 
-    def observe(self, now: float, instances: Sequence[InstanceView]) -> list[FlipDecision]: ...
+    def observe(
+        self, now: float, instances: Sequence[InstanceView], advice: SplitAdvice | None = None
+    ) -> list[FlipDecision]: ...
 
 
 class _Req:
@@ -203,8 +214,15 @@ class _Sim:
         self.cap = self.instances[0].sched.capacity
         self.by_id = {inst.iid: inst for inst in self.instances}
         self.watcher: FlipWatcher | None = watcher
+        self.advisor: SplitAdvisor | None = None
+        self.transitions: TransitionWatcher | None = None
         if self.watcher is None and pol.flip_policy != "off" and config.mode == "tetri":
-            self.watcher = TransitionWatcher(pol.flip_policy, pol.flip_low, pol.flip_high, pol.flip_window_s)
+            self.transitions = TransitionWatcher(pol.flip_policy, pol.flip_low, pol.flip_high, pol.flip_window_s)
+            self.watcher = self.transitions
+            if pol.flip_policy == "advise":
+                from .flipadvisor import SplitAdvisor  # it replays windows on this simulator
+
+                self.advisor = SplitAdvisor(profile, config.slo, seed=config.seed)
         self.reqs: dict[str, _Req] = {}
         ordered = sorted(enumerate(workload), key=lambda x: (x[1].arrival, x[0]))
         for seq, (_, r) in enumerate(ordered):
@@ -459,10 +477,33 @@ class _Sim:
 
     def _watch(self) -> None:
         assert self.watcher is not None
-        for decision in self.watcher.observe(self.now, [self._view(i) for i in self.instances]):
+        advice = None
+        if self.advisor is not None and self.transitions is not None and self.transitions.advice_due(self.now):
+            active = [i.role for i in self.instances if i.state == "active"]
+            recent = self._seen_since(self.now - self.policy.flip_window_s)
+            advice = self.advisor.advise(recent, self.policy, active.count("prefill"), active.count("decode"))
+        for decision in self.watcher.observe(self.now, [self._view(i) for i in self.instances], advice):
             self._begin_flip(decision)
         if self.done < len(self.reqs) and (self.pending or self._flip_open):
             self._push(self.now + self.cfg.watch_interval_s, _WATCH, None)
+
+    def _seen_since(self, since: float) -> list[Seen]:
+        """The requests that arrived at or after `since` (and by now), as the live daemon's status table
+        shows them to the advisor (`Store.window_requests`): the answer's length once finished, the
+        predictor's range before (tokens produced so far are written at the end, there as here)."""
+        return [
+            Seen(
+                r.sched.request_id,
+                r.arrival,
+                r.prompt,
+                r.sched.max_tokens,
+                r.out if r.finish is not None else 0,
+                r.finish is not None,
+                r.predicted[1] if r.predicted is not None else None,
+            )
+            for r in self.reqs.values()
+            if since <= r.arrival <= self.now
+        ]
 
     def _begin_flip(self, decision: FlipDecision) -> None:
         inst = self.by_id.get(decision.instance_id)

@@ -320,7 +320,7 @@ def ablation_flip(
         kv_capacity=CostModel(profile).kv_capacity_tokens(),
     )
     rows = []
-    for label, flip in (("fixed split", "off"), ("flips (idle watcher)", "idle")):
+    for label, flip in (("fixed split", "off"), ("flips (idle watcher)", "idle"), ("flips (advise)", "advise")):
         pol = TETRI_POLICY.changed(flip_policy=flip, flip_window_s=window_s)
         res = runner(requests, tetri_config(hw, pol))
         m = summarize(res, setup.price, setup.slo)

@@ -5,14 +5,16 @@ kept when present; other keys are ignored). Arrivals are seconds from the trace'
 sorted); the answer's true length is ``output_tokens`` and the client's limit is the same. `tetrictl
 requests export` writes one from a live cluster's status table (`rows_to_trace`); `tetrictl advise`
 reads one (`read_trace`). Pure: text and dicts in, `Request`s out; a bad line is a `WorkloadSpecError`
-naming the line and the field.
+naming the line and the field. `window_workload` turns the requests of a recent window (`Seen`: finished
+or not) into one, for the `advise` flip policy.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .workloads import Request, WorkloadSpecError
@@ -77,3 +79,33 @@ def rows_to_trace(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         }
         for r in done
     ]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request of the window, as the status table (or the simulator) shows it."""
+
+    request_id: str
+    arrival: float
+    prompt_len: int
+    max_tokens: int
+    produced: int  # tokens generated so far (all of them once finished)
+    finished: bool
+    predicted_hi: int | None = None  # the length predictor's upper bound at admission
+
+
+def window_workload(seen: Sequence[Seen]) -> list[Request]:
+    """The window as a workload to replay for the `advise` flip policy: a finished request with its own answer
+    length; one still running with the larger of what it has produced and the length predictor's upper
+    bound, capped by its max_tokens (a backlog of long answers must count, not only the quick ones that
+    finished)."""
+    out = []
+    for s in seen:
+        if s.finished:
+            length = s.produced
+        else:
+            bound = s.max_tokens if s.predicted_hi is None else min(s.predicted_hi, s.max_tokens)
+            length = max(s.produced, bound)
+        if s.prompt_len >= 1 and length >= 1:
+            out.append(Request(s.request_id, s.arrival, s.prompt_len, length, max(length, s.max_tokens)))
+    return out

@@ -5,6 +5,11 @@
 flips the last active instance of a role, and at most one flip is in progress at a time. Load of an
 instance is the larger of its KV usage and its queue pressure (queued / `queue_full`).
 
+`advise`: every `window_s` the shell asks a split advisor (`tetri.des.flipadvisor`: the requests that
+arrived in the last window replayed on the simulator at each P:D split of the active instances) which split
+to run, and hands the answer to `observe`; the watcher then flips one instance at a time toward it, the
+least loaded of the role in surplus first. `low`/`high` are not used.
+
 Pure: `TransitionWatcher.observe(now, loads)` is fed snapshots and returns decisions; the daemon carries
 them out (drain, notify, change role, announce) and records them.
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-FLIP_POLICIES = ("off", "idle")
+FLIP_POLICIES = ("off", "idle", "advise")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,15 @@ class FlipDecision:
     reason: str
 
 
+@dataclass(frozen=True)
+class SplitAdvice:
+    """The split the advisor wants: `prefill` of the active prefill and decode instances serve prefill."""
+
+    prefill: int
+    decode: int
+    reason: str
+
+
 @dataclass
 class TransitionWatcher:
     policy: str = "off"
@@ -44,17 +58,36 @@ class TransitionWatcher:
     window_s: float = 60.0
     queue_full: int = 16
     _low_since: dict[str, float] = field(default_factory=dict)
+    _advice: SplitAdvice | None = None
+    _advised_at: float | None = None
 
     def __post_init__(self) -> None:
         check_flip_policy(self.policy, self.low, self.high, self.window_s)
 
-    def observe(self, now: float, instances: Sequence[InstanceView]) -> list[FlipDecision]:
+    def advice_due(self, now: float) -> bool:
+        """`advise`: whether the shell should ask the advisor now (every `window_s`, first one window after
+        the watcher's first look); the window it looks at is the last `window_s` up to `now`."""
+        if self.policy != "advise":
+            return False
+        if self._advised_at is None:
+            self._advised_at = now
+        return now - self._advised_at >= self.window_s
+
+    def observe(
+        self, now: float, instances: Sequence[InstanceView], advice: SplitAdvice | None = None
+    ) -> list[FlipDecision]:
+        """Decisions for this look. `advice`, under `advise`, is the advisor's answer to a due request
+        (kept until the next one; None when the shell did not ask or the advisor had nothing to go on)."""
         if self.policy == "off":
             self._low_since.clear()
             return []
+        if self.policy == "advise" and self.advice_due(now):
+            self._advice, self._advised_at = advice, now
         if any(i.state == "flipping" or i.state == "draining" for i in instances):
             return []  # one flip at a time
         active = [i for i in instances if i.state == "active" and i.role in ("prefill", "decode")]
+        if self.policy == "advise":
+            return self._toward(active)
         for i in active:
             if i.load(self.queue_full) < self.low:
                 self._low_since.setdefault(i.instance_id, now)
@@ -80,6 +113,19 @@ class TransitionWatcher:
                     )
                 ]
         return []
+
+    def _toward(self, active: Sequence[InstanceView]) -> list[FlipDecision]:
+        a = self._advice
+        prefill = sum(1 for i in active if i.role == "prefill")
+        if a is None or a.prefill + a.decode != len(active) or a.prefill == prefill:
+            return []  # nothing advised, advice for another instance count, or there already
+        surplus = "decode" if a.prefill > prefill else "prefill"
+        pool = [i for i in active if i.role == surplus]
+        if len(pool) < 2:
+            return []  # never the last instance of a role
+        chosen = min(pool, key=lambda i: (i.load(self.queue_full), i.instance_id))
+        to = "prefill" if surplus == "decode" else "decode"
+        return [FlipDecision(chosen.instance_id, to, f"advise: {a.prefill}P:{a.decode}D — {a.reason}")]
 
 
 @dataclass(frozen=True)

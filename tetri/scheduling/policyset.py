@@ -36,7 +36,7 @@ class PolicySet:
     dispatch: str = "least-kv"  # pot | least-kv
     decode_admission: str = "greedy"  # greedy | reserve-static | reserve-dynamic | plan
     reserve_point: str = "lower"  # lower | mid | upper: the point of a predicted bucket policies count
-    flip_policy: str = "off"  # off | idle
+    flip_policy: str = "off"  # off | idle | advise
     flip_low: float = 0.10
     flip_high: float = 0.80
     flip_window_s: float = 60.0
