@@ -84,7 +84,7 @@ def main() -> None:
             done = asyncio.run(_apply(live.url, doc))
             applied = f"policies {', '.join(done['changed']) or 'unchanged'}; {len(done['flips'])} flip(s)"
         result = replay_on(live.url, trace, scale, gpus)
-        got = outcome(result, spec, offered_rate(trace))
+        got = outcome(result, spec.slo, spec.price, offered_rate(trace))
     finally:
         for c in clusters:
             c.stop()

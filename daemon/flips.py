@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -37,6 +38,11 @@ from .db.store import Store
 from .worker_client import WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
+
+
+def _leave_signals_to_the_daemon() -> None:
+    """In the advisor's process: Ctrl-C reaches the whole process group; the daemon stops this process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class FlipError(Exception):
@@ -167,7 +173,8 @@ class Flipper:
         active = [i.role for i in self.cluster.instances.values() if i.state == "active" and not i.flip_pending]
         p, d = active.count("prefill"), active.count("decode")
         if self._pool is None:  # spawn, not fork: the daemon runs gRPC threads
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            spawn = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=spawn, initializer=_leave_signals_to_the_daemon)
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, self.advisor.advise, seen, self.cluster.policies, p, d)

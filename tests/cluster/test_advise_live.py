@@ -64,5 +64,6 @@ def test_advise_on_an_exported_trace_applies_and_the_live_rerun_gets_the_predict
         result = replay_on(c.url, trace, SCALE, 4)
     finally:
         c.stop()
-    live = outcome(result, AdviceSpec(profile=PROFILE, gpus=4, slo=parse_slos(SLO)), offered_rate(trace))
+    spec = AdviceSpec(profile=PROFILE, gpus=4, slo=parse_slos(SLO))
+    live = outcome(result, spec.slo, spec.price, offered_rate(trace))
     assert live["goodput_rps"] == pytest.approx(advice["outcome"]["goodput_rps"], rel=0.10)
