@@ -7,6 +7,7 @@ A thin shell: it reads and writes files, times the solves and prints; every deci
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,11 +15,12 @@ from typing import Annotated, Any
 import typer
 
 from tetri.planner import generate as gen
-from tetri.planner.bounds import best_bound
+from tetri.planner.bounds import Bound, best_bound
+from tetri.planner.improve import Budget
 from tetri.planner.lp import LP_MAX_NONZEROS, lp_nonzeros
 from tetri.planner.metrics import summarize
 from tetri.planner.planfile import build_plan, parse_plan, plan_order, schedule_rows
-from tetri.planner.policies import POLICIES, PolicyResult, check_policy, run_order, run_policy
+from tetri.planner.policies import POLICIES, Improve, PolicyResult, check_policy, run_order, run_policy
 from tetri.planner.solvers import check_solver
 from tetri.planner.workload import Workload, WorkloadError, dump_jsonl, parse_jsonl
 
@@ -35,6 +37,22 @@ DropOpt = Annotated[bool, typer.Option("--drop-oversized", help="Drop requests w
 SolverOpt = Annotated[str, typer.Option("--solver", help="Phase-1 solver: auto, dp, swap, quantile or lp.")]
 BackfillOpt = Annotated[bool, typer.Option("--backfill", help="Backfill requests that finish before a blocked head.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for sampling (quantile solver, generators).")]
+BudgetOpt = Annotated[
+    float,
+    typer.Option(
+        "--budget-s",
+        help="sorted-f with --solver auto: seconds the improvement phase may search for a better order "
+        "(0: the best of its seeds only).",
+    ),
+]
+DEFAULT_BUDGET_S = 1.0
+
+
+def _improvement(budget_s: float, seed: int) -> Improve:
+    """The improvement phase's bounds: this many seconds on the wall clock (the shell's to read)."""
+    if not (budget_s >= 0 and math.isfinite(budget_s)):
+        raise WorkloadError(f"--budget-s must be a number of seconds ≥ 0, got {budget_s}")
+    return Improve(Budget(budget_s, time.perf_counter), max_evals=10**9 if budget_s > 0 else 0, seed=seed)
 
 
 def _load(path: Path, memory: int, drop: bool) -> tuple[Workload, int]:
@@ -102,11 +120,13 @@ def solve_cmd(
     backfill: BackfillOpt = False,
     drop: DropOpt = False,
     seed: SeedOpt = 0,
+    budget_s: BudgetOpt = DEFAULT_BUDGET_S,
     json_out: JsonOpt = False,
 ) -> None:
-    """Plan a backlog with Sorted-F and write the plan file."""
+    """Plan a backlog with Sorted-F and write the plan file (with its gap to the best lower bound)."""
     with user_errors():
         check_solver(solver)
+        _improvement(budget_s, seed)  # a bad budget fails before any work
         check_policy(policy)
         if solver == "lp":
             policy = "sorted-lp"
@@ -114,14 +134,36 @@ def solve_cmd(
             raise WorkloadError(f"solve plans with sorted-f, sorted-f-amin or sorted-lp, not {policy!r}")
         w, dropped = _load(workload, memory, drop)
         with progress("planning", json_out) as bar:
-            res, wall = _timed(run_policy, policy, w, memory, solver=solver, backfill=backfill, seed=seed, progress=bar)
+            res, wall = _timed(
+                run_policy,
+                policy,
+                w,
+                memory,
+                solver=solver,
+                backfill=backfill,
+                seed=seed,
+                progress=bar,
+                improvement=_improvement(budget_s, seed),
+            )
         doc = build_plan(w, memory, res, wall, dropped)
+        doc["lower_bound"] = _bound_doc(best_bound(w, memory, int(res.schedule.finish.max())))
+        doc["gap"] = doc["tel"] / doc["lower_bound"]["value"] if doc["lower_bound"]["value"] else None
         if output is not None:
             output.write_text(_dumps(doc), encoding="utf-8")
     if json_out:
         print_json(doc)
         return
     _print_summary(f"{policy} ({res.solver}) plan" + (f" → {output}" if output else ""), doc)
+
+
+def _bound_doc(bound: Bound) -> dict[str, Any]:
+    return {
+        "value": bound.lower_bound,
+        "method": bound.method,
+        "cheap": bound.cheap,
+        "lp": bound.lp,
+        "detail": bound.detail,
+    }
 
 
 def _dumps(doc: Any) -> str:
@@ -131,6 +173,9 @@ def _dumps(doc: Any) -> str:
 def _print_summary(title: str, doc: dict[str, Any]) -> None:
     keys = ["n", "dropped", "tel", "avg_latency", "p50_latency", "p99_latency", "makespan", "peak_memory", "evictions"]
     rows = [(k, doc[k]) for k in keys if k in doc]
+    if "lower_bound" in doc:
+        rows.append((f"lower bound ({doc['lower_bound']['method']})", doc["lower_bound"]["value"]))
+        rows.append(("gap (TEL / bound)", doc["gap"]))
     if "solver_stats" in doc:
         rows += [(f"solver {k}", v) for k, v in doc["solver_stats"].items()]
     table(title, ["metric", "value"], rows)
@@ -150,12 +195,14 @@ def simulate_cmd(
     ] = None,
     drop: DropOpt = False,
     seed: SeedOpt = 0,
+    budget_s: BudgetOpt = DEFAULT_BUDGET_S,
     json_out: JsonOpt = False,
 ) -> None:
     """Execute a policy (or a plan) on a workload: metrics and the full schedule."""
     with user_errors():
         check_policy(policy)
         check_solver(solver)
+        _improvement(budget_s, seed)
         if replan_every is not None and replan_every < 1:
             raise WorkloadError("--replan-every must be at least 1")
         the_plan = _read_plan(plan) if plan is not None else None
@@ -180,6 +227,7 @@ def simulate_cmd(
                     replan_every=replan_every,
                     seed=seed,
                     progress=bar,
+                    improvement=_improvement(budget_s, seed),
                 )
             sched, name = res.schedule, policy
     doc: dict[str, Any] = {"policy": name, "memory": memory, "n": w.n, "dropped": dropped}
@@ -193,7 +241,7 @@ def simulate_cmd(
 
 
 def _default_policies(w: Workload, memory: int) -> list[str]:
-    names = ["fcfs", "mcsf", "mcsf-skip", "size", "sorted-f"]
+    names = ["fcfs", "mcsf", "mcsf-skip", "size", "area", "sorted-f"]
     horizon_guess = int(w.a.max() + w.o.sum())
     if lp_nonzeros(w, min(horizon_guess, 10 * int(w.o.max()) + int(w.a.max()))) <= LP_MAX_NONZEROS:
         names.append("sorted-lp")
@@ -218,11 +266,13 @@ def compare_cmd(
     ] = True,
     drop: DropOpt = False,
     seed: SeedOpt = 0,
+    budget_s: BudgetOpt = DEFAULT_BUDGET_S,
     json_out: JsonOpt = False,
 ) -> None:
     """Compare policies: latency, makespan, ratio to the best policy and to the lower bound."""
     with user_errors():
         check_solver(solver)
+        _improvement(budget_s, seed)
         w, dropped = _load(workload, memory, drop)
         names = [p.strip() for p in policies.split(",") if p.strip()] if policies else _default_policies(w, memory)
         for name in names:
@@ -230,7 +280,16 @@ def compare_cmd(
         results: dict[str, tuple[PolicyResult, float]] = {}
         with progress("comparing", json_out) as bar:
             for k, name in enumerate(names):
-                results[name] = _timed(run_policy, name, w, memory, solver=solver, backfill=backfill, seed=seed)
+                results[name] = _timed(
+                    run_policy,
+                    name,
+                    w,
+                    memory,
+                    solver=solver,
+                    backfill=backfill,
+                    seed=seed,
+                    improvement=_improvement(budget_s, seed),
+                )
                 bar(k + 1, len(names))
         horizon = min(int(r.schedule.finish.max()) for r, _ in results.values())
         bound = best_bound(w, memory, horizon, use_lp=lp)
@@ -246,13 +305,7 @@ def compare_cmd(
         "memory": memory,
         "n": w.n,
         "dropped": dropped,
-        "lower_bound": {
-            "value": bound.lower_bound,
-            "method": bound.method,
-            "cheap": bound.cheap,
-            "lp": bound.lp,
-            "detail": bound.detail,
-        },
+        "lower_bound": _bound_doc(bound),
         "policies": rows,
     }
     if json_out:

@@ -16,11 +16,15 @@ Every planner policy is "an order + an admission rule" run by this one executor:
 The executor jumps from event to event instead of stepping: the admission test gives the exact first
 step the blocked head fits (`KVProfile.earliest_start`), and completions never change the future
 profile, so nothing can change between events.
+
+`execute_rest` runs the same loop on part of a list: the requests still to admit, from step `t0`, with
+what already runs pre-loaded, and gives up as soon as a lower bound on their latency passes a limit —
+the improvement phase's incremental evaluation (`improve.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -73,7 +77,12 @@ class _Run:
         replan_every: int | None,
         estimates: IntArray | None,
         refine: Refine | None,
+        running: Sequence[tuple[int, int]] = (),
+        t0: int | None = None,
+        abort_above: int | None = None,
     ) -> None:
+        if (running or abort_above is not None) and (scan != "stop" or replan or estimates is not None):
+            raise ValueError("a partial run (running set, abort limit) takes the plain stop scan only")
         if scan == "skip" and (backfill or replan is not None):
             raise ValueError("backfill and re-planning apply to the stop scan only")
         if replan is not None and estimates is not None:
@@ -96,10 +105,18 @@ class _Run:
         self.start = [-1] * n
         self.finish = [-1] * n
         self.evictions: list[tuple[int, int, int]] = []
-        self.remaining = n
+        members = np.asarray(order, dtype=np.int64).tolist()
+        self.remaining = len(members)
         self.events = 0
         self.replans = 0
-        self.arrivals = sorted(range(n), key=lambda i: (self.a[i], i))
+        self.arrivals = sorted(members, key=lambda i: (self.a[i], i))
+        self.t0 = t0
+        for i, p in running:  # already admitted (a partial run): they hold their KV, not in the order
+            self.prof.add(i, self.s[i], self.o[i], p)
+        # abort limit: Σ (finish − arrival) of those started + Σ (o − a) of the rest + rest × next step
+        self.abort_above = abort_above
+        self.done_latency = 0
+        self.rest_o_minus_a = sum(self.o[i] - self.a[i] for i in members)
         self.next_arrival = 0  # pointer into arrivals: first not yet seen
         self.pending_replan = False
         self.last_replan = -INF
@@ -147,6 +164,8 @@ class _Run:
         else:
             self.finish[i] = t + self.o[i]
             self.remaining -= 1
+            self.done_latency += t + self.o[i] - self.a[i]
+            self.rest_o_minus_a -= self.o[i] - self.a[i]
 
     def _evict(self, i: int, t: int) -> None:
         self.evictions.append((i, self.start[i], t))
@@ -239,9 +258,10 @@ class _Run:
         return nxt
 
     # --- main loop -------------------------------------------------------------------------------
-    def run(self) -> Schedule:
-        n = self.w.n
-        t = min(self.a) if n else 0
+    def run(self) -> Schedule | None:
+        """The schedule; None when a partial run's latency bound passed its abort limit."""
+        n = len(self.arrivals)
+        t = self.t0 if self.t0 is not None else (self.a[self.arrivals[0]] if n else 0)
         while self.remaining > 0:
             self.events += 1
             while self.next_arrival < n and self.a[self.arrivals[self.next_arrival]] <= t:
@@ -272,6 +292,11 @@ class _Run:
             if nxt >= INF:
                 raise RuntimeError("executor stalled: a waiting request can never start")  # a bug
             t = max(nxt, t + 1)
+            # every request not yet started starts at t or later
+            if self.abort_above is not None and self.done_latency + self.rest_o_minus_a + self.remaining * t > (
+                self.abort_above
+            ):
+                return None
         return Schedule(
             np.array(self.start, dtype=np.int64),
             np.array(self.finish, dtype=np.int64),
@@ -296,7 +321,25 @@ def execute(
     """Run ``w`` under budget ``memory`` admitting in ``order`` (a permutation of request indices)."""
     if sorted(np.asarray(order).tolist()) != list(range(w.n)):
         raise ValueError("order must be a permutation of the request indices")
-    return _Run(w, memory, order, scan, backfill, replan, replan_every, estimates, refine).run()
+    sched = _Run(w, memory, order, scan, backfill, replan, replan_every, estimates, refine).run()
+    assert sched is not None  # no abort limit
+    return sched
+
+
+def execute_rest(
+    w: Workload,
+    memory: int,
+    rest: IntArray,
+    running: Sequence[tuple[int, int]],
+    t0: int,
+    abort_above: int | None = None,
+) -> IntArray | None:
+    """The finish steps of ``rest`` (requests not yet admitted, in priority order) admitted with the stop
+    rule from step ``t0``, while ``running`` ((request, start) pairs) hold their KV; None as soon as their
+    total latency is sure to pass ``abort_above``. Equal to the tail of a whole run when every request
+    of ``rest`` has arrived by ``t0`` and ``running`` is what the whole run had running at ``t0``."""
+    sched = _Run(w, memory, rest, "stop", False, None, None, None, None, running, t0, abort_above).run()
+    return None if sched is None else sched.finish[np.asarray(rest, dtype=np.int64)]
 
 
 def memory_trace(w: Workload, sched: Schedule) -> IntArray:

@@ -9,6 +9,9 @@ source gives only a mean are our assumption, stated here and in docs/planner.md)
   p90 3702 (mean 2588); output median 167, p90 372 (mean 291). Prompt: normal fitted to median and p90
   (σ = 758), clipped to [512, 4096]; output: log-normal fitted to median and p90 (σ = 0.625), which
   gives a mean of ≈ 203, lighter-tailed than the source's 291.
+* ``gen`` — long generation (TetriInfer's light-prompt, heavy-decode class): prompt log-normal with
+  ShareGPT's median 18 (σ = 1.0, assumed), clipped to [2, 512]; output uniform over the heavy-decode
+  range (128, 2000] (TetriInfer: outputs 20–2000 tokens, heavy above 128; the uniform shape is assumed).
 
 All lengths are clipped to [1, 4096]. Predicted output ranges follow TetriInfer's predictor: 200-token
 buckets (configurable), right with probability ``accuracy``, else an adjacent bucket. Arrivals are a
@@ -23,7 +26,7 @@ import numpy as np
 
 from .workload import Workload, WorkloadError
 
-CLASSES = ("short", "long")
+CLASSES = ("short", "long", "gen")
 MAX_LEN = 4096
 
 
@@ -57,9 +60,12 @@ def _draw(rng: np.random.Generator, cls: str, n: int) -> tuple[np.ndarray, np.nd
     if cls == "short":
         s = _lognormal_mean(rng, 69.5, 1.0, n)
         o = _lognormal_mean(rng, 214.5, 0.8, n)
-    else:
+    elif cls == "long":
         s = np.clip(rng.normal(2730, 758, n), 512, MAX_LEN)
         o = rng.lognormal(np.log(167), 0.625, n)
+    else:  # gen
+        s = np.clip(rng.lognormal(np.log(18), 1.0, n), 2, 512)
+        o = rng.integers(129, 2001, n).astype(np.float64)
     clip = lambda x: np.clip(np.rint(x), 1, MAX_LEN).astype(np.int64)  # noqa: E731
     return clip(s), clip(o)
 

@@ -6,7 +6,8 @@
       "batches": [["id", ...], ...],          # Sorted-F's ordered list, batch by batch
       "schedule": [{"id", "prompt_tokens", "output_tokens", "start", "finish"}, ...],
       "tel", "avg_latency", "p50_latency", "p99_latency", "makespan", "peak_memory", "evictions",
-      "solver_stats": {"wall_time_s", "iterations", "batches"},
+      "solver_stats": {"wall_time_s", "iterations", "batches", "improvement"?},
+      "lower_bound": {"value", "method", …}, "gap": tel / lower bound,   # written by `tetrictl plan solve`
       "n": requests planned, "dropped": oversized requests left out
     }
 
@@ -66,6 +67,14 @@ def build_plan(w: Workload, memory: int, result: PolicyResult, wall_time_s: floa
         "iterations": result.iterations,
         "batches": len(result.batches),
     }
+    if result.improved is not None:  # sorted-f --solver auto: the improvement phase's account
+        imp = result.improved
+        doc["solver_stats"]["improvement"] = {
+            "seed": imp.seed,
+            "seed_tel": imp.seed_tel,
+            "moves_tried": imp.evaluations,
+            "moves_kept": imp.accepted,
+        }
     doc["n"] = w.n
     doc["dropped"] = dropped
     return doc

@@ -7,7 +7,10 @@ fcfs               arrival order (ties by file order), stop at the first misfit
 mcsf               ascending o_i (Jaillet et al.'s MC-SF), stop at the first misfit
 mcsf-skip          ascending o_i, skip misfits and keep scanning
 size               ascending s_i + o_i, stop at the first misfit
-sorted-f           Sorted-F: phase-1 batches by F(X), each by non-decreasing o; stop rule
+area               ascending s_i·o_i + o_i(o_i+1)/2 (the KV slot-steps a request holds), stop rule
+sorted-f           Sorted-F: phase-1 batches by F(X), each by non-decreasing o; stop rule. With
+                   solver ``auto``, then the improvement phase (`improve.py`): the best of the
+                   phase-1 list and the area, size and MC-SF-skip start orders, improved by moves
 sorted-lp          requests by LP-relaxation completion, stop rule
 sorted-f-amin      Sorted-F planned on the predicted lower bounds; the executor reveals true
                    lengths; outlived estimates refined, evictions keep memory within M
@@ -22,7 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .bounds import area
 from .executor import Schedule, execute
+from .improve import Budget, Improved, improve, start_order
 from .lp import LPTooLarge, lp_order, solve_lp
 from .solvers import SWAP_MAX_N, Progress, sorted_f_phase1
 from .workload import IntArray, Workload, WorkloadError
@@ -32,6 +37,7 @@ POLICIES = (
     "mcsf",
     "mcsf-skip",
     "size",
+    "area",
     "sorted-f",
     "sorted-lp",
     "sorted-f-amin",
@@ -47,6 +53,17 @@ class PolicyResult:
     batches: list[IntArray] = field(default_factory=list)
     iterations: int = 0
     backfill: bool = False
+    improved: Improved | None = None  # the improvement phase's account (sorted-f with solver auto)
+
+
+@dataclass(frozen=True)
+class Improve:
+    """How far the improvement phase may search: a time budget (the shell's clock) and a move count.
+    The default searches no moves: the best seed only."""
+
+    budget: Budget = field(default_factory=Budget)
+    max_evals: int = 0
+    seed: int = 0
 
 
 def _by(*keys: IntArray) -> IntArray:
@@ -68,8 +85,10 @@ def run_policy(
     replan_every: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    improvement: Improve | None = None,
 ) -> PolicyResult:
-    """Plan and execute ``w`` under budget ``memory`` with policy ``name``."""
+    """Plan and execute ``w`` under budget ``memory`` with policy ``name``. ``improvement`` bounds the
+    improvement phase of sorted-f with solver auto (no moves without one)."""
     check_policy(name)
     idx = np.arange(w.n, dtype=np.int64)
     if name == "fcfs":
@@ -80,10 +99,14 @@ def run_policy(
         return PolicyResult(name, sched)
     if name == "size":
         return PolicyResult(name, execute(w, memory, _by(w.s + w.o, w.a, idx)))
+    if name == "area":
+        return PolicyResult(name, execute(w, memory, _by(area(w), w.a, idx)))
     if name == "sorted-f":
         p1 = sorted_f_phase1(w.s, w.o, memory, solver, seed, progress)
-        sched = execute(w, memory, p1.order, backfill=backfill)
-        return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
+        if solver != "auto" or backfill:  # the improvement phase runs the plain stop rule
+            sched = execute(w, memory, p1.order, backfill=backfill)
+            return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
+        return _improved(w, memory, p1.order, p1.solver, p1.iterations, improvement or Improve())
     if name == "sorted-lp":
         horizon = int(run_policy("sorted-f", w, memory, solver=solver).schedule.finish.max())
         try:
@@ -110,6 +133,33 @@ def run_policy(
 
     sched = execute(w, memory, _by(w.a, idx), replan=replan, replan_every=replan_every, backfill=backfill)
     return PolicyResult(name, sched, online_solver, [], used["iterations"], backfill)
+
+
+def _improved(w: Workload, memory: int, order: IntArray, solver: str, iterations: int, how: Improve) -> PolicyResult:
+    """Sorted-F's list and the cheap baselines' start orders as seeds, then moves (`improve.py`). The
+    seeds after the first are tried while the budget lasts, cheapest first."""
+    idx = np.arange(w.n, dtype=np.int64)
+    seeds: dict[str, IntArray] = {f"sorted-f ({solver})": order}
+    for label, make in (
+        ("area", lambda: _by(area(w), w.a, idx)),
+        ("size", lambda: _by(w.s + w.o, w.a, idx)),
+        ("mcsf-skip", lambda: start_order(run_policy("mcsf-skip", w, memory).schedule)),
+    ):
+        if how.budget.spent():
+            break
+        seeds[label] = make()
+    imp = improve(w, memory, seeds, budget=how.budget, max_evals=how.max_evals, seed=how.seed)
+    batches = _start_groups(imp.order, imp.schedule)
+    return PolicyResult(
+        "sorted-f", imp.schedule, f"{solver}+improve", batches, iterations + imp.evaluations, False, imp
+    )
+
+
+def _start_groups(order: IntArray, sched: Schedule) -> list[IntArray]:
+    """An order cut where the start step changes: the requests admitted together, in order."""
+    starts = sched.start[order]
+    cuts = np.flatnonzero(np.diff(starts)) + 1
+    return [np.asarray(g, dtype=np.int64) for g in np.split(order, cuts)]
 
 
 def run_order(w: Workload, memory: int, order: IntArray, backfill: bool = False) -> Schedule:
