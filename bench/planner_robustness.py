@@ -108,7 +108,8 @@ def run_mix(spec: MixSpec, budget_s: float) -> dict:
     w, dropped = workload(spec)
     rows = {}
     for label, name, kw in policies(spec, w):
-        how = Improve(Budget(budget_s, time.perf_counter), max_evals=10**9) if label == "auto" else None
+        searched = label in ("auto", "sorted-f-online", "sorted-f-amin")  # --solver auto, as the CLI runs them
+        how = Improve(Budget(budget_s, time.perf_counter), max_evals=10**9) if searched else None
         t0 = time.perf_counter()
         res = run_policy(name, w, spec.memory, improvement=how, **kw)
         wall = time.perf_counter() - t0

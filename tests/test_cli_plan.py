@@ -43,7 +43,28 @@ def test_solve_writes_a_plan_and_simulate_replays_it(workload: Path, tmp_path: P
     assert replay["schedule"] == doc["schedule"]
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "mcsf", "mcsf-skip", "size", "sorted-f"])
+def test_auto_plan_reports_its_seeds_moves_and_gap(workload: Path, tmp_path: Path):
+    plan = tmp_path / "auto.json"
+    r = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--budget-s", "0.3", "-o", str(plan), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    imp = doc["solver_stats"]["improvement"]
+    assert doc["solver"].endswith("+improve") and imp["seed"] in imp["seed_tel"]
+    assert set(imp["seed_tel"]) >= {"area", "size", "mcsf-skip"}
+    assert doc["tel"] <= min(imp["seed_tel"].values())
+    assert doc["lower_bound"]["method"] in ("lp", "cheap") and doc["gap"] == pytest.approx(
+        doc["tel"] / doc["lower_bound"]["value"]
+    )
+    assert doc["gap"] >= 1.0
+    sim = tetrictl("plan", "simulate", str(workload), "--plan", str(plan), "--json")
+    assert sim.returncode == 0 and json.loads(sim.stdout)["tel"] == doc["tel"]  # the plan replays exactly
+    human = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--budget-s", "0")
+    assert human.returncode == 0 and "gap" in human.stdout and "improvement" in human.stdout
+    bad = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--budget-s", "-1", "--json")
+    assert bad.returncode == exitcodes.USAGE and "--budget-s" in bad.stderr and bad.stdout == ""
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "mcsf", "mcsf-skip", "size", "area", "sorted-f"])
 def test_simulate_each_policy(workload: Path, policy: str):
     r = tetrictl("plan", "simulate", str(workload), "--memory", "16384", "--policy", policy, "--json")
     assert r.returncode == 0, r.stderr

@@ -177,7 +177,13 @@ def _print_summary(title: str, doc: dict[str, Any]) -> None:
         rows.append((f"lower bound ({doc['lower_bound']['method']})", doc["lower_bound"]["value"]))
         rows.append(("gap (TEL / bound)", doc["gap"]))
     if "solver_stats" in doc:
-        rows += [(f"solver {k}", v) for k, v in doc["solver_stats"].items()]
+        stats = dict(doc["solver_stats"])
+        imp = stats.pop("improvement", None)
+        rows += [(f"solver {k}", v) for k, v in stats.items()]
+        if imp is not None:
+            seeds = ", ".join(f"{k} {v:,}" for k, v in imp["seed_tel"].items())
+            rows.append(("improvement", f"from {imp['seed']}; {imp['moves_kept']} of {imp['moves_tried']} moves kept"))
+            rows.append(("seeds (TEL)", seeds))
     table(title, ["metric", "value"], rows)
 
 

@@ -14,7 +14,7 @@ from .checker import check_schedule
 from .strategies import workloads
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-OFFLINE = ["fcfs", "mcsf", "mcsf-skip", "size", "sorted-f"]
+OFFLINE = ["fcfs", "mcsf", "mcsf-skip", "size", "area", "sorted-f"]
 
 
 @SETTINGS
@@ -23,7 +23,7 @@ def test_offline_policies_feasible_and_above_bounds(case):
     w, memory = case
     tels = {}
     for name in OFFLINE:
-        for solver in ["dp", "swap", "quantile"] if name == "sorted-f" else ["auto"]:
+        for solver in ["dp", "swap", "quantile", "auto"] if name == "sorted-f" else ["auto"]:
             for backfill in [False, True] if name == "sorted-f" else [False]:
                 res = run_policy(name, w, memory, solver=solver, backfill=backfill)
                 tel = check_schedule(w, memory, res.schedule)

@@ -35,8 +35,8 @@ from .waitqueue import INF, WaitQueue
 from .workload import IntArray, Workload
 
 Scan = Literal["stop", "skip"]
-# replan(waiting request indices, now) -> the same indices in the new priority order
-Replan = Callable[[IntArray, int], IntArray]
+# replan(waiting request indices, now, running (request, start) pairs) -> the waiting in the new order
+Replan = Callable[[IntArray, int, list[tuple[int, int]]], IntArray]
 # refine(current estimate, tokens produced so far, request index) -> new estimate (> produced)
 Refine = Callable[[int, int, int], int]
 
@@ -143,7 +143,8 @@ class _Run:
         if self.replan_every is not None and t < self.last_replan + self.replan_every:
             return
         waiting = np.array(sorted(self.arrived_waiting), dtype=np.int64)
-        self._set_order(np.asarray(self.replan(waiting, t), dtype=np.int64) if len(waiting) else waiting)
+        running = [(i, self.start[i]) for i in self.prof.ids()]
+        self._set_order(np.asarray(self.replan(waiting, t, running), dtype=np.int64) if len(waiting) else waiting)
         self.pending_replan = False
         self.last_replan = t
         self.replans += 1
@@ -262,6 +263,8 @@ class _Run:
         """The schedule; None when a partial run's latency bound passed its abort limit."""
         n = len(self.arrivals)
         t = self.t0 if self.t0 is not None else (self.a[self.arrivals[0]] if n else 0)
+        if self.abort_above is not None and self.rest_o_minus_a + self.remaining * t > self.abort_above:
+            return None
         while self.remaining > 0:
             self.events += 1
             while self.next_arrival < n and self.a[self.arrivals[self.next_arrival]] <= t:

@@ -10,23 +10,28 @@ size               ascending s_i + o_i, stop at the first misfit
 area               ascending s_i·o_i + o_i(o_i+1)/2 (the KV slot-steps a request holds), stop rule
 sorted-f           Sorted-F: phase-1 batches by F(X), each by non-decreasing o; stop rule. With
                    solver ``auto``, then the improvement phase (`improve.py`): the best of the
-                   phase-1 list and the area, size and MC-SF-skip start orders, improved by moves
+                   phase-1 lists (auto's, swap, quantile) and the area, size and MC-SF-skip start
+                   orders, improved by moves
 sorted-lp          requests by LP-relaxation completion, stop rule
 sorted-f-amin      Sorted-F planned on the predicted lower bounds; the executor reveals true
-                   lengths; outlived estimates refined, evictions keep memory within M
+                   lengths; outlived estimates refined, evictions keep memory within M. With
+                   solver ``auto`` the improvement phase orders by the ranges' upper ends
 sorted-f-online    receding horizon: Sorted-F re-planned over the waiting set at arrivals (or
-                   every K steps)
+                   every K steps); with solver ``auto`` a re-plan keeps phase 1's order or the area
+                   order, whichever serves the waiting set sooner from what runs then (compared
+                   while the improvement budget lasts; then the last winner)
 =================  ==========================================================================
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .bounds import area
-from .executor import Schedule, execute
+from .executor import Schedule, execute, execute_rest
 from .improve import Budget, Improved, improve, start_order
 from .lp import LPTooLarge, lp_order, solve_lp
 from .solvers import SWAP_MAX_N, Progress, sorted_f_phase1
@@ -118,33 +123,72 @@ def run_policy(
         if w.lo is None or w.hi is None:
             raise WorkloadError("sorted-f-amin needs 'predicted_output' on every request")
         est = np.minimum(w.lo, memory - w.s)  # no request outgrows M (s + o ≤ M is checked)
-        p1 = sorted_f_phase1(w.s, est, memory, solver, seed, progress)
-        sched = execute(w, memory, p1.order, estimates=est, backfill=backfill)
-        return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
+        if solver != "auto" or backfill:
+            p1 = sorted_f_phase1(w.s, est, memory, solver, seed, progress)
+            sched = execute(w, memory, p1.order, estimates=est, backfill=backfill)
+            return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
+        # auto: phase 1 and the improvement phase see what the planner may see, the predicted ranges, taken
+        # at their upper ends (against the lower ends and the midpoints, docs/planner.md: it executes best);
+        # the executor admits on the lower ends as ever
+        view = np.minimum(w.hi, memory - w.s)
+        p1 = sorted_f_phase1(w.s, view, memory, solver, seed, progress)
+        planned = _improved(
+            Workload(w.ids, w.s, view, w.a), memory, p1.order, p1.solver, p1.iterations, improvement or Improve()
+        )
+        order = np.concatenate(planned.batches) if planned.batches else np.empty(0, dtype=np.int64)
+        sched = execute(w, memory, order, estimates=est)
+        return PolicyResult(name, sched, planned.solver, planned.batches, planned.iterations, False, planned.improved)
+
     # sorted-f-online
     online_solver = solver if solver != "auto" else "swap"
-    used: dict[str, int] = {"iterations": 0}
+    used: dict[str, int] = {"iterations": 0, "compared": 0}
+    areas = area(w)
+    how = improvement or Improve()
+    prefer = ["phase 1"]  # the last comparison's winner, kept once the budget is spent
 
-    def replan(waiting: IntArray, now: int) -> IntArray:
+    def replan(waiting: IntArray, now: int, running: list[tuple[int, int]]) -> IntArray:
         chosen = online_solver if online_solver != "swap" or len(waiting) <= SWAP_MAX_N else "quantile"
         p1 = sorted_f_phase1(w.s[waiting], w.o[waiting], memory, chosen, seed + now)
         used["iterations"] += p1.iterations
-        return waiting[p1.order]
+        orders = {"phase 1": waiting[p1.order]}
+        if solver != "auto":
+            return orders["phase 1"]
+        # auto: phase 1's order or the area order, whichever serves the waiting set sooner from what runs
+        # now (later arrivals unseen, as ever online) — compared while the improvement budget lasts
+        orders["area"] = waiting[np.lexsort((waiting, areas[waiting]))]
+        if used["compared"] < how.max_evals and not how.budget.spent():
+            used["compared"] += 1
+            cost = {}
+            for label, cand in orders.items():
+                fin = execute_rest(w, memory, cand, running, now)
+                assert fin is not None
+                cost[label] = int(fin.sum())
+            prefer[0] = "area" if cost["area"] < cost["phase 1"] else "phase 1"
+        return orders[prefer[0]]
 
     sched = execute(w, memory, _by(w.a, idx), replan=replan, replan_every=replan_every, backfill=backfill)
-    return PolicyResult(name, sched, online_solver, [], used["iterations"], backfill)
+    label = online_solver + ("+area" if solver == "auto" else "")
+    return PolicyResult(name, sched, label, [], used["iterations"] + used["compared"], backfill)
 
 
 def _improved(w: Workload, memory: int, order: IntArray, solver: str, iterations: int, how: Improve) -> PolicyResult:
-    """Sorted-F's list and the cheap baselines' start orders as seeds, then moves (`improve.py`). The
-    seeds after the first are tried while the budget lasts, cheapest first."""
+    """Sorted-F's lists (auto's solver, swap, quantile) and the cheap baselines' start orders as seeds,
+    then moves (`improve.py`). The seeds after the first are built while the budget lasts."""
     idx = np.arange(w.n, dtype=np.int64)
     seeds: dict[str, IntArray] = {f"sorted-f ({solver})": order}
-    for label, make in (
+    makers: list[tuple[str, Callable[[], IntArray]]] = [
         ("area", lambda: _by(area(w), w.a, idx)),
         ("size", lambda: _by(w.s + w.o, w.a, idx)),
-        ("mcsf-skip", lambda: start_order(run_policy("mcsf-skip", w, memory).schedule)),
-    ):
+    ]
+
+    def phase1(other: str) -> Callable[[], IntArray]:
+        return lambda: sorted_f_phase1(w.s, w.o, memory, other).order
+
+    for other in ("swap", "quantile"):  # the other phase-1 solvers that scale (dp only as auto's choice)
+        if other != solver and (other != "swap" or w.n <= SWAP_MAX_N):
+            makers.append((f"sorted-f ({other})", phase1(other)))
+    makers.append(("mcsf-skip", lambda: start_order(run_policy("mcsf-skip", w, memory).schedule)))
+    for label, make in makers:
         if how.budget.spent():
             break
         seeds[label] = make()
