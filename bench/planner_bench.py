@@ -18,9 +18,10 @@ from rich.table import Table
 
 from tetri.planner.bounds import cheap_bound
 from tetri.planner.generate import Mix, generate, with_width
+from tetri.planner.improve import Budget
 from tetri.planner.lp import solve_lp
 from tetri.planner.metrics import summarize
-from tetri.planner.policies import run_policy
+from tetri.planner.policies import Improve, run_policy
 from tetri.planner.solvers import sorted_f_phase1
 from tetri.planner.workload import Workload
 
@@ -186,6 +187,11 @@ def speed() -> None:
     w = generate(MIX, 2000, 1)
     _, dt = timed(run_policy, "sorted-f", w, MEMORY, solver="swap")
     rows.append(["solve --solver swap (plan + execute)", 2000, dt])
+    for n in (2000, 5000):  # what `tetrictl plan solve` runs by default: auto, --budget-s 1
+        wn = generate(MIX, n, 1)
+        how = Improve(Budget(1.0, time.perf_counter), max_evals=10**9)
+        _, dt = timed(run_policy, "sorted-f", wn, MEMORY, improvement=how)
+        rows.append(["solve --solver auto --budget-s 1 (seeds, moves, execute)", n, dt])
     big = generate(MIX, 100_000, 1)
     _, dt = timed(run_policy, "sorted-f", big, MEMORY, solver="quantile")
     rows.append(["solve --solver quantile (plan + execute)", 100_000, dt])

@@ -64,7 +64,7 @@ class PolicyResult:
 @dataclass(frozen=True)
 class Improve:
     """How far the improvement phase may search: a time budget (the shell's clock) and a move count.
-    The default searches no moves: the best seed only."""
+    The default tries no moves: the best seed only."""
 
     budget: Budget = field(default_factory=Budget)
     max_evals: int = 0
@@ -92,8 +92,9 @@ def run_policy(
     progress: Progress | None = None,
     improvement: Improve | None = None,
 ) -> PolicyResult:
-    """Plan and execute ``w`` under budget ``memory`` with policy ``name``. ``improvement`` bounds the
-    improvement phase of sorted-f with solver auto (no moves without one)."""
+    """Plan and execute ``w`` under budget ``memory`` with policy ``name``. With solver auto, an
+    ``improvement`` turns on sorted-f's improvement phase (and its counterparts in sorted-f-amin and
+    sorted-f-online) within its bounds; without one, phase 1 alone (the CLI always passes one)."""
     check_policy(name)
     idx = np.arange(w.n, dtype=np.int64)
     if name == "fcfs":
@@ -108,10 +109,10 @@ def run_policy(
         return PolicyResult(name, execute(w, memory, _by(area(w), w.a, idx)))
     if name == "sorted-f":
         p1 = sorted_f_phase1(w.s, w.o, memory, solver, seed, progress)
-        if solver != "auto" or backfill:  # the improvement phase runs the plain stop rule
+        if solver != "auto" or backfill or improvement is None:  # (the improvement phase runs the stop rule)
             sched = execute(w, memory, p1.order, backfill=backfill)
             return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
-        return _improved(w, memory, p1.order, p1.solver, p1.iterations, improvement or Improve())
+        return _improved(w, memory, p1.order, p1.solver, p1.iterations, improvement)
     if name == "sorted-lp":
         horizon = int(run_policy("sorted-f", w, memory, solver=solver).schedule.finish.max())
         try:
@@ -123,7 +124,7 @@ def run_policy(
         if w.lo is None or w.hi is None:
             raise WorkloadError("sorted-f-amin needs 'predicted_output' on every request")
         est = np.minimum(w.lo, memory - w.s)  # no request outgrows M (s + o ≤ M is checked)
-        if solver != "auto" or backfill:
+        if solver != "auto" or backfill or improvement is None:
             p1 = sorted_f_phase1(w.s, est, memory, solver, seed, progress)
             sched = execute(w, memory, p1.order, estimates=est, backfill=backfill)
             return PolicyResult(name, sched, p1.solver, p1.batches, p1.iterations, backfill)
@@ -143,7 +144,7 @@ def run_policy(
     online_solver = solver if solver != "auto" else "swap"
     used: dict[str, int] = {"iterations": 0, "compared": 0}
     areas = area(w)
-    how = improvement or Improve()
+    how = improvement or Improve()  # (unused without one: phase 1 only)
     prefer = ["phase 1"]  # the last comparison's winner, kept once the budget is spent
 
     def replan(waiting: IntArray, now: int, running: list[tuple[int, int]]) -> IntArray:
@@ -151,7 +152,7 @@ def run_policy(
         p1 = sorted_f_phase1(w.s[waiting], w.o[waiting], memory, chosen, seed + now)
         used["iterations"] += p1.iterations
         orders = {"phase 1": waiting[p1.order]}
-        if solver != "auto":
+        if solver != "auto" or improvement is None:
             return orders["phase 1"]
         # auto: phase 1's order or the area order, whichever serves the waiting set sooner from what runs
         # now (later arrivals unseen, as ever online) — compared while the improvement budget lasts
@@ -167,7 +168,7 @@ def run_policy(
         return orders[prefer[0]]
 
     sched = execute(w, memory, _by(w.a, idx), replan=replan, replan_every=replan_every, backfill=backfill)
-    label = online_solver + ("+area" if solver == "auto" else "")
+    label = online_solver + ("+area" if solver == "auto" and improvement is not None else "")
     return PolicyResult(name, sched, label, [], used["iterations"] + used["compared"], backfill)
 
 
