@@ -34,15 +34,20 @@ WorkloadArg = Annotated[Path, typer.Argument(help="Workload, JSON Lines (one req
 MemoryOpt = Annotated[int, typer.Option("--memory", "-M", help="KV budget M in token slots.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
 DropOpt = Annotated[bool, typer.Option("--drop-oversized", help="Drop requests with s+o > M instead of failing.")]
-SolverOpt = Annotated[str, typer.Option("--solver", help="Phase-1 solver: auto, dp, swap, quantile or lp.")]
+SolverOpt = Annotated[
+    str,
+    typer.Option(
+        "--solver", help="Phase-1 solver: auto (then the improvement phase, --budget-s), dp, swap, quantile or lp."
+    ),
+]
 BackfillOpt = Annotated[bool, typer.Option("--backfill", help="Backfill requests that finish before a blocked head.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for sampling (quantile solver, generators).")]
 BudgetOpt = Annotated[
     float,
     typer.Option(
         "--budget-s",
-        help="sorted-f with --solver auto: seconds the improvement phase may search for a better order "
-        "(0: the best of its seeds only).",
+        help="With --solver auto: seconds the improvement phase may search for a better order (sorted-f, "
+        "sorted-f-amin; sorted-f-online's re-plan comparisons); 0: the best of its seeds only.",
     ),
 ]
 DEFAULT_BUDGET_S = 1.0
