@@ -177,6 +177,8 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated mix names")
     ap.add_argument("--json", help="also write every figure to this file")
     a = ap.parse_args()
+    if not (a.budget_s >= 0 and math.isfinite(a.budget_s)):
+        ap.error(f"--budget-s must be a number of seconds ≥ 0, got {a.budget_s}")
     names = set(a.only.split(",")) if a.only else None
     docs = []
     for spec in MIXES:

@@ -60,6 +60,9 @@ def test_auto_plan_reports_its_seeds_moves_and_gap(workload: Path, tmp_path: Pat
     assert sim.returncode == 0 and json.loads(sim.stdout)["tel"] == doc["tel"]  # the plan replays exactly
     human = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--budget-s", "0")
     assert human.returncode == 0 and "gap" in human.stdout and "improvement" in human.stdout
+    zero = json.loads(tetrictl("plan", "solve", str(workload), "-M", "16384", "--budget-s", "0", "--json").stdout)
+    seeds = zero["solver_stats"]["improvement"]["seed_tel"]  # no time for moves: still the best seed
+    assert set(seeds) >= {"area", "size", "mcsf-skip"} and zero["tel"] == min(seeds.values())
     bad = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--budget-s", "-1", "--json")
     assert bad.returncode == exitcodes.USAGE and "--budget-s" in bad.stderr and bad.stdout == ""
 
@@ -135,6 +138,11 @@ def test_drop_oversized_reports_the_count(tmp_path: Path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["dropped"] == 1 and doc["n"] == 1
+    only_big = _bad(tmp_path, "big.jsonl", '{"id": "a", "prompt_tokens": 50, "output_tokens": 1}\n')
+    for cmd in ("solve", "simulate", "compare"):  # nothing left once every request is dropped: exit 2
+        r = tetrictl("plan", cmd, str(only_big), "--memory", "20", "--drop-oversized", "--json")
+        assert r.returncode == exitcodes.USAGE and "no request left" in r.stderr, (cmd, r.stderr)
+        assert "Traceback" not in r.stderr and r.stdout == ""
 
 
 def test_usage_errors_exit_2():

@@ -62,7 +62,10 @@ def _improvement(budget_s: float, seed: int) -> Improve:
 
 def _load(path: Path, memory: int, drop: bool) -> tuple[Workload, int]:
     w = parse_jsonl(path.read_text(encoding="utf-8").splitlines(), source=str(path))
-    return w.check_memory(memory, drop)
+    kept, dropped = w.check_memory(memory, drop)
+    if kept.n == 0:
+        raise WorkloadError(f"{path}: no request left to plan: all {dropped} need more than M = {memory} KV slots")
+    return kept, dropped
 
 
 def _read_plan(path: Path) -> Any:
