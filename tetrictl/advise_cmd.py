@@ -13,26 +13,27 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tetri.costmodel import load_profile
-from tetri.des.advise import AdviceSpec, advise
-from tetri.des.slo import parse_slos
-from tetri.des.trace import read_trace
-from tetri.des.workloads import Request, WorkloadSpecError, check_workload_name, make_workload
 
 from .client import ClientError, TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
 from .flip_cmd import wait_flip
 from .output import out, print_json, progress, table, user_errors
-from .sweep_cmd import ints
+
+if TYPE_CHECKING:
+    from tetri.des.workloads import Request
 
 
 def _requests(
     trace: Path | None, workload: str | None, rate: float | None, n: int, seed: int, profile: str
 ) -> list[Request]:
+    from tetri.des.trace import read_trace
+    from tetri.des.workloads import WorkloadSpecError, check_workload_name, make_workload
+
     if (trace is None) == (workload is None):
         raise WorkloadSpecError("give the workload as --trace FILE or as --workload NAME --rate R (one of them)")
     model = load_profile(profile).model
@@ -92,6 +93,11 @@ def advise_cmd(
     workload, with the expected goodput, TTFT/TPOT percentiles and $ per million tokens beside the best
     colocated setup (the simulator, the workload's own arrivals). --apply: set the policies and flip
     instances on the live cluster to match (audited like any policy change and flip)."""
+    from tetri.des.advise import AdviceSpec, advise
+    from tetri.des.slo import parse_slos
+
+    from .sweep_cmd import ints
+
     with user_errors():
         spec = AdviceSpec(
             profile=profile,

@@ -13,17 +13,10 @@ from typing import Annotated, Any
 import typer
 
 from tetri.costmodel import load_profile
-from tetri.des.experiments import TETRI, BenchSetup, des_runner, run_ablations, run_bench
-from tetri.des.metrics import RATIOS
-from tetri.des.slo import parse_slos
-from tetri.des.sweep import SweepSpec
-from tetri.des.workloads import WORKLOADS, WorkloadSpecError, check_workload_name
+from tetri.des.names import WORKLOADS
 from tetri.scheduling.colocated import BASELINES
 
-from .bench_live import live_runner
 from .output import print_json, progress, table, user_errors
-from .sweep_cmd import floats, ints, print_sweep, write_json, write_region_map
-from .sweep_cmd import sweep as run_sweep_cli
 
 
 def bench(
@@ -103,6 +96,12 @@ def bench(
     """TetriInfer vs each vLLM baseline per workload (DES or live): TTFT, TPOT, JCT, goodput within the
     SLOs, cost (provisioned GPUs × wall time) and perf/$ (requests within their SLOs per dollar). With
     --sweep: the same question over loads, P:D splits, ChunkSizes and GPU budgets, with a region map."""
+    from tetri.des.experiments import BenchSetup, des_runner, run_ablations, run_bench
+    from tetri.des.slo import parse_slos
+    from tetri.des.workloads import WorkloadSpecError, check_workload_name
+
+    from .bench_live import live_runner
+
     if sweep:
         _sweep(workloads, n, profile, seed, price, slo, baseline, gpus, loads, chunks, mode, plot, out_file, json_out)
         return
@@ -157,6 +156,8 @@ def bench(
 
 
 def _change(key: str, v: float | None) -> str:
+    from tetri.des.metrics import RATIOS
+
     if v is None:
         return "—"
     if key in RATIOS:
@@ -165,6 +166,8 @@ def _change(key: str, v: float | None) -> str:
 
 
 def print_tables(doc: dict[str, Any]) -> None:
+    from tetri.des.experiments import TETRI
+
     s = doc["setup"]
     metrics = doc["metrics"]
     split = s["tetri_split"]
@@ -256,6 +259,8 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
     (the workloads differ by orders of magnitude) unless a value is 0 (no request within the SLOs)."""
     import matplotlib
 
+    from tetri.des.experiments import TETRI
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
@@ -308,6 +313,13 @@ def _sweep(
     out_file: Path | None,
     json_out: bool,
 ) -> None:
+    from tetri.des.slo import parse_slos
+    from tetri.des.sweep import SweepSpec
+    from tetri.des.workloads import WorkloadSpecError
+
+    from .sweep_cmd import floats, ints, print_sweep, write_json, write_region_map
+    from .sweep_cmd import sweep as run_sweep_cli
+
     with user_errors():
         if mode != "des":
             raise WorkloadSpecError("--sweep runs on the simulator only (--mode des)")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from tetri.planner.workload import WorkloadError
+from tetri.planner.errors import WorkloadError
 
 from . import exitcodes
 from .client import ClientError, Target, TetriClient, resolve_target

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tetri.planner.workload import WorkloadError
+from tetri.planner.errors import WorkloadError
 
 from . import exitcodes
 

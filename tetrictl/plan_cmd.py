@@ -1,7 +1,8 @@
 """`tetrictl plan …`: the offline KV-budget planner (Sorted-F and baselines) from the terminal.
 
 A thin shell: it reads and writes files, times the solves and prints; every decision is made by
-`tetri.planner`.
+`tetri.planner`. The planner (numpy, scipy) is imported inside the commands, so that the rest of
+`tetrictl` starts without it.
 """
 
 from __future__ import annotations
@@ -10,19 +11,17 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tetri.planner import generate as gen
-from tetri.planner.bounds import Bound, best_bound
-from tetri.planner.improve import Budget
-from tetri.planner.lp import LP_MAX_NONZEROS, lp_nonzeros
-from tetri.planner.metrics import summarize
-from tetri.planner.planfile import build_plan, parse_plan, plan_order, schedule_rows
-from tetri.planner.policies import POLICIES, Improve, PolicyResult, check_policy, run_order, run_policy
-from tetri.planner.solvers import check_solver
-from tetri.planner.workload import Workload, WorkloadError, dump_jsonl, parse_jsonl
+from tetri.planner.errors import WorkloadError
+from tetri.planner.names import POLICIES
+
+if TYPE_CHECKING:
+    from tetri.planner.bounds import Bound
+    from tetri.planner.policies import Improve, PolicyResult
+    from tetri.planner.workload import Workload
 
 from .output import print_json, progress, table, user_errors
 
@@ -55,12 +54,17 @@ DEFAULT_BUDGET_S = 1.0
 
 def _improvement(budget_s: float, seed: int) -> Improve:
     """The improvement phase's bounds: this many seconds on the wall clock (the shell's to read)."""
+    from tetri.planner.improve import Budget
+    from tetri.planner.policies import Improve
+
     if not (budget_s >= 0 and math.isfinite(budget_s)):
         raise WorkloadError(f"--budget-s must be a number of seconds ≥ 0, got {budget_s}")
     return Improve(Budget(budget_s, time.perf_counter), max_evals=10**9 if budget_s > 0 else 0, seed=seed)
 
 
 def _load(path: Path, memory: int, drop: bool) -> tuple[Workload, int]:
+    from tetri.planner.workload import parse_jsonl
+
     w = parse_jsonl(path.read_text(encoding="utf-8").splitlines(), source=str(path))
     kept, dropped = w.check_memory(memory, drop)
     if kept.n == 0:
@@ -69,6 +73,8 @@ def _load(path: Path, memory: int, drop: bool) -> tuple[Workload, int]:
 
 
 def _read_plan(path: Path) -> Any:
+    from tetri.planner.planfile import parse_plan
+
     return parse_plan(path.read_text(encoding="utf-8"), source=str(path))
 
 
@@ -94,6 +100,9 @@ def gen_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Generate a synthetic workload (chat-like `short`, document-summarisation `long`)."""
+    from tetri.planner import generate as gen
+    from tetri.planner.workload import dump_jsonl
+
     with user_errors():
         if json_out and output == "-":
             raise WorkloadError("--json prints a summary: give the workload a file with -o")
@@ -132,6 +141,11 @@ def solve_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Plan a backlog with Sorted-F and write the plan file (with its gap to the best lower bound)."""
+    from tetri.planner.bounds import best_bound
+    from tetri.planner.planfile import build_plan
+    from tetri.planner.policies import check_policy, run_policy
+    from tetri.planner.solvers import check_solver
+
     with user_errors():
         check_solver(solver)
         _improvement(budget_s, seed)  # a bad budget fails before any work
@@ -213,6 +227,11 @@ def simulate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Execute a policy (or a plan) on a workload: metrics and the full schedule."""
+    from tetri.planner.metrics import summarize
+    from tetri.planner.planfile import plan_order, schedule_rows
+    from tetri.planner.policies import check_policy, run_order, run_policy
+    from tetri.planner.solvers import check_solver
+
     with user_errors():
         check_policy(policy)
         check_solver(solver)
@@ -255,6 +274,8 @@ def simulate_cmd(
 
 
 def _default_policies(w: Workload, memory: int) -> list[str]:
+    from tetri.planner.lp import LP_MAX_NONZEROS, lp_nonzeros
+
     names = ["fcfs", "mcsf", "mcsf-skip", "size", "area", "sorted-f"]
     horizon_guess = int(w.a.max() + w.o.sum())
     if lp_nonzeros(w, min(horizon_guess, 10 * int(w.o.max()) + int(w.a.max()))) <= LP_MAX_NONZEROS:
@@ -284,6 +305,11 @@ def compare_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Compare policies: latency, makespan, ratio to the best policy and to the lower bound."""
+    from tetri.planner.bounds import best_bound
+    from tetri.planner.metrics import summarize
+    from tetri.planner.policies import check_policy, run_policy
+    from tetri.planner.solvers import check_solver
+
     with user_errors():
         check_solver(solver)
         _improvement(budget_s, seed)
@@ -353,6 +379,9 @@ def bound_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """A lower bound on total end-to-end latency (TEL) valid for every feasible schedule."""
+    from tetri.planner.bounds import best_bound
+    from tetri.planner.policies import run_policy
+
     with user_errors():
         w, _ = _load(workload, memory, drop)
         horizon = int(run_policy("sorted-f", w, memory).schedule.finish.max()) if lp else None

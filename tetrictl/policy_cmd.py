@@ -7,10 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from tetri.scheduling.admission import ADMISSION_POLICIES, RESERVE_POINTS
 from tetri.scheduling.colocated import COLOCATED_SCHEDULES
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
-from tetri.scheduling.predictor import PREDICTORS
+from tetri.scheduling.names import ADMISSION_POLICIES, PREDICTORS, RESERVE_POINTS
 from tetri.scheduling.prefill import PREFILL_POLICIES
 
 from .client import TetriClient

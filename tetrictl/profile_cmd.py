@@ -17,8 +17,6 @@ from typing import Annotated, Any
 
 import typer
 
-from tetri.calibrate import base_profile, errors, errors_by_kind, fit, predict, split, to_toml
-
 from . import exitcodes
 from .output import err, fail, out, print_json, table
 
@@ -40,6 +38,8 @@ def profile(
     """Measure the real engine, fit the sim's cost model, write a profile the sim engine loads, and report
     the fitted model's error on held-out measurements, per kind (target: ≤ 10% on each of prefill, decode
     and mixed on the CPU engine)."""
+    from tetri.calibrate import base_profile, errors, errors_by_kind, fit, predict, split, to_toml
+
     if engine != "vllm":
         fail(f"--engine must be vllm (the sim engine is what gets calibrated), not {engine!r}")
     if not (model / "config.json").is_file():

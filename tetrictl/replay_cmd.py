@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.live import Live
 from rich.table import Table
 
-from tetri.planner.planfile import parse_plan
-from tetri.planner.workload import parse_jsonl
-
 from . import exitcodes
 from .client import ClientError, TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, target
 from .output import err, fail, fmt, out, print_json, user_errors
-from .replay import ORDERS, Progress, Replay, backlog
+
+if TYPE_CHECKING:
+    from .replay import Progress
 
 
 def progress_table(info: dict[str, Any], p: Progress) -> Table:
@@ -68,6 +67,11 @@ def replay(
     exactly the planned output lengths) go to one decode instance switched to `plan` admission (M = its
     KV capacity); report planned vs measured completion order and TEL. Ctrl-C stops the replay; the
     instance's previous policy is restored however it ends."""
+    from tetri.planner.planfile import parse_plan  # the planner and the replay's statistics: numpy, scipy
+    from tetri.planner.workload import parse_jsonl
+
+    from .replay import ORDERS, Progress, Replay, backlog
+
     if order not in ORDERS:
         fail(f"--order must be one of {', '.join(ORDERS)}, not {order!r}")
     if speed is not None and speed <= 0:

@@ -11,8 +11,6 @@ from typing import Annotated, Any
 
 import typer
 
-from tetri.des.trace import rows_to_trace
-
 from .client import TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, ago, call, target
 from .output import err, fail, out, table
@@ -200,6 +198,8 @@ def requests_export(
 ) -> None:
     """The finished requests as a workload trace, one JSON line each (arrival_s from the first arrival,
     prompt_tokens, output_tokens): what `tetrictl advise --trace` reads."""
+    from tetri.des.trace import rows_to_trace  # the simulator's numpy: only this command needs it
+
     if out_file is not None and json_out:
         fail("--out writes the trace as JSON lines; --json prints it as one document: give one of them")
     if out_file is not None and out_file.parent and not out_file.parent.is_dir():

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-from tetri.des.sweep import SweepSpec, run_sweep
-from tetri.des.workloads import WorkloadSpecError
+from typing import TYPE_CHECKING, Any
 
 from .output import progress, table
 
+if TYPE_CHECKING:
+    from tetri.des.sweep import SweepSpec
+
 
 def floats(text: str, what: str) -> tuple[float, ...]:
+    from tetri.des.workloads import WorkloadSpecError
+
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -27,6 +29,8 @@ def floats(text: str, what: str) -> tuple[float, ...]:
 
 
 def ints(text: str, what: str) -> tuple[int, ...]:
+    from tetri.des.workloads import WorkloadSpecError
+
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -34,6 +38,8 @@ def ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def sweep(spec: SweepSpec, quiet: bool) -> dict[str, Any]:
+    from tetri.des.sweep import run_sweep
+
     with progress("sweep", quiet) as bar:
         return run_sweep(spec, progress=bar)
 

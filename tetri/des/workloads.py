@@ -36,6 +36,8 @@ import numpy as np
 
 from tetri.planner.workload import WorkloadError
 
+from .names import WORKLOADS
+
 LIGHT_PROMPT_MAX = 512  # FACTS: heavy prefill > 512 prompt tokens
 LIGHT_OUTPUT_MAX = 128  # FACTS: heavy decode > 128 output tokens
 LIGHT_PROMPT_MEDIAN = 18  # FACTS: TetriInfer's ShareGPT prompt median ≈ 18 (unverified)
@@ -44,7 +46,6 @@ SHAREGPT_OUTPUT_MEDIAN = 128  # FACTS: TetriInfer's ShareGPT output median 128 (
 SHAREGPT_OUTPUT_MEAN = 190  # FACTS: ShareGPT output mean ≈ 186–199 (unverified)
 OUTPUT_MIN, OUTPUT_MAX = 20, 2000  # FACTS: outputs 20–2000 tokens
 
-WORKLOADS = ("LPLD", "LPHD", "HPLD", "HPHD", "Mixed")
 # Poisson arrival rates (requests/s): 0.8 × two vanilla opt-13b-v100 instances' saturated throughput.
 DEFAULT_RATES = {"LPLD": 10.0, "LPHD": 0.15, "HPLD": 0.8, "HPHD": 0.09, "Mixed": 2.0}
 DEFAULT_N = 128  # FACTS: the Mixed test runs 128 requests

@@ -34,20 +34,9 @@ from .bounds import area
 from .executor import Schedule, execute, execute_rest
 from .improve import Budget, Improved, improve, start_order
 from .lp import LPTooLarge, lp_order, solve_lp
+from .names import POLICIES
 from .solvers import SWAP_MAX_N, Progress, sorted_f_phase1
 from .workload import IntArray, Workload, WorkloadError
-
-POLICIES = (
-    "fcfs",
-    "mcsf",
-    "mcsf-skip",
-    "size",
-    "area",
-    "sorted-f",
-    "sorted-lp",
-    "sorted-f-amin",
-    "sorted-f-online",
-)
 
 
 @dataclass

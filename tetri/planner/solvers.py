@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .names import SOLVERS
 from .workload import IntArray, WorkloadError
 
-SOLVERS = ("auto", "dp", "swap", "quantile", "lp")
 DP_CELL_BUDGET = 60_000_000  # n · (k_max + 1) · (M + 1) cells of the DP's choice table
 SWAP_MAX_N = 5_000
 

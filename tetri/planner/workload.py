@@ -17,11 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .errors import WorkloadError
+
 IntArray = npt.NDArray[np.int64]
-
-
-class WorkloadError(ValueError):
-    """A workload (or a plan that refers to it) is malformed; the message is one line for the user."""
 
 
 @dataclass(frozen=True, slots=True)

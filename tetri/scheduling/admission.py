@@ -31,8 +31,7 @@ from dataclasses import dataclass
 
 from tetri.planner.profile import KVProfile
 
-ADMISSION_POLICIES = ("greedy", "reserve-static", "reserve-dynamic", "plan")
-RESERVE_POINTS = ("lower", "mid", "upper")
+from .names import ADMISSION_POLICIES, RESERVE_POINTS
 
 
 def predicted_total(predicted: tuple[int, int] | None, max_tokens: int, point: str = "lower") -> int:

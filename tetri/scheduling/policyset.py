@@ -11,11 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import ADMISSION_POLICIES, RESERVE_POINTS
 from .colocated import COLOCATED_SCHEDULES
 from .dispatch import DISPATCH_POLICIES
 from .flip import FLIP_POLICIES
-from .predictor import PREDICTORS
+from .names import ADMISSION_POLICIES, PREDICTORS, RESERVE_POINTS
 from .prefill import PREFILL_POLICIES
 
 

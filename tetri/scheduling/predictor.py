@@ -20,7 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-PREDICTORS = ("none", "oracle", "learned")
+from .names import PREDICTORS
+
 Range = tuple[int, int]
 
 

@@ -1,0 +1,8 @@
+"""The names of the policies whose modules need numpy or scipy (decode admission, length predictors), so
+that what only names them — `PolicySet`'s validation, the CLI's help — loads neither."""
+
+from __future__ import annotations
+
+ADMISSION_POLICIES = ("greedy", "reserve-static", "reserve-dynamic", "plan")
+RESERVE_POINTS = ("lower", "mid", "upper")
+PREDICTORS = ("none", "oracle", "learned")
