@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from . import (
@@ -28,7 +30,30 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help text is plain: `[ctl]` is text, not Rich markup (every sub-app says so too)
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"tetrictl {version('tetri')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("tetrictl (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
+    ] = False,
+) -> None:
+    """The root: only its options (the app's help is the Typer's)."""
+
+
 app.command("status")(status_cmd.status)
 app.add_typer(status_cmd.instances_app, name="instances")
 app.add_typer(status_cmd.requests_app, name="requests")

@@ -20,8 +20,8 @@ from .procs import StartError, start_local_cluster
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file ([daemon], [worker]).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the ready report as one JSON document.")]
 
-daemon_app = typer.Typer(help="The control-plane daemon.", no_args_is_help=True)
-worker_app = typer.Typer(help="Prefill/decode workers.", no_args_is_help=True)
+daemon_app = typer.Typer(help="The control-plane daemon.", no_args_is_help=True, rich_markup_mode=None)
+worker_app = typer.Typer(help="Prefill/decode workers.", no_args_is_help=True, rich_markup_mode=None)
 
 
 def _exec(module: str, args: list[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -66,6 +67,14 @@ def call(
     else:
         render(result)
     return result
+
+
+def when(ts: float | None) -> str:
+    """A timestamp for people: ISO 8601 in UTC, to the millisecond (the JSON keeps epoch seconds). On a
+    scaled cluster it is the cluster clock's reading (docs/cluster.md)."""
+    if ts is None:
+        return "—"
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def ago(ts: float | None, now: float) -> str:

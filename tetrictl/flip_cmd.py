@@ -14,7 +14,7 @@ from .client import ClientError, TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
 from .output import fail, out, table
 
-flip_policy_app = typer.Typer(help="The transition watcher's flip policy.", no_args_is_help=True)
+flip_policy_app = typer.Typer(help="The transition watcher's flip policy.", no_args_is_help=True, rich_markup_mode=None)
 
 FLIP_FIELDS = ("flip_policy", "flip_low", "flip_high", "flip_window_s")
 FLIP_COLUMNS = ("id", "instance", "from", "to", "reason", "by", "started", "drained after", "done after", "outcome")

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 from .output import print_json, progress, table, user_errors
 
 app = typer.Typer(
-    help="Offline KV-budget planner: Sorted-F, its solvers, baselines and lower bounds.", no_args_is_help=True
+    help="Offline KV-budget planner: Sorted-F, its solvers, baselines and lower bounds.",
+    no_args_is_help=True,
+    rich_markup_mode=None,  # help text is plain: [brackets] are text, not markup
 )
 
 WorkloadArg = Annotated[Path, typer.Argument(help="Workload, JSON Lines (one request a line).")]

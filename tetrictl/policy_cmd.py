@@ -16,7 +16,9 @@ from .client import TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
 from .output import fail, out, table
 
-app = typer.Typer(help="Scheduling policies, changed at runtime without restart.", no_args_is_help=True)
+app = typer.Typer(
+    help="Scheduling policies, changed at runtime without restart.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 def _choices(names: tuple[str, ...]) -> str:

@@ -12,11 +12,11 @@ from typing import Annotated, Any
 import typer
 
 from .client import TetriClient
-from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, ago, call, target
+from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, ago, call, target, when
 from .output import err, fail, out, table
 
-instances_app = typer.Typer(help="Prefill/decode/colocated instances.", no_args_is_help=True)
-requests_app = typer.Typer(help="Requests in the status table.", no_args_is_help=True)
+instances_app = typer.Typer(help="Prefill/decode/colocated instances.", no_args_is_help=True, rich_markup_mode=None)
+requests_app = typer.Typer(help="Requests in the status table.", no_args_is_help=True, rich_markup_mode=None)
 
 PHASES = ("queued", "prefill", "transfer", "decode", "done")
 STATUSES = ("running", "finished", "failed", "cancelled", "rejected", "interrupted")
@@ -141,7 +141,12 @@ def requests_ls(
             ]
             for r in d["requests"]
         ]
-        table(f"requests {offset + 1}–{offset + len(rows)} of {d['total']:,}", REQUEST_COLUMNS, rows)
+        total = d["total"]
+        if rows:
+            title = f"requests {offset + 1:,}–{offset + len(rows):,} of {total:,}"
+        else:
+            title = "requests: none" if not total else f"requests: none past the first {offset:,} of {total:,}"
+        table(title, REQUEST_COLUMNS, rows)
 
     call(target(url, token, config), body, render, json_out)
 
@@ -160,7 +165,7 @@ def requests_show(
         return await c.request(request_id)
 
     def render(d: dict[str, Any]) -> None:
-        fields = [(k, v) for k, v in d.items() if k != "timeline" and v is not None]
+        fields = [(k, when(v) if k.endswith("_ts") else v) for k, v in d.items() if k != "timeline" and v is not None]
         table(f"request {d['id']}", ("field", "value"), fields)
         t0 = d["timeline"][0]["ts"] if d["timeline"] else 0.0
         table(

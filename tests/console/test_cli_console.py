@@ -4,6 +4,7 @@ with sim workers on loopback; `--json` parses, and the exit codes are the docume
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -82,7 +83,12 @@ def test_status_instances_and_requests(cluster: LiveCluster):
     assert all(r["status"] == "finished" for r in page["requests"])
     shown = ok_json(cluster, "requests", "show", ids[0])
     assert [p["phase"] for p in shown["timeline"]] == ["queued", "prefill", "first_token", "decode", "done"]
-    assert ctl(cluster, "requests", "show", ids[0]).returncode == 0
+    human = ctl(cluster, "requests", "show", ids[0])
+    assert human.returncode == 0
+    arrival = next(line for line in human.stdout.splitlines() if "arrival_ts" in line)
+    assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", arrival), arrival  # ISO, not 1,796,…
+    empty = ctl(cluster, "requests", "ls", "--status", "interrupted")
+    assert empty.returncode == 0 and "requests: none" in empty.stdout and "1–0" not in empty.stdout
     fails(ctl(cluster, "requests", "ls", "--phase", "bogus"), exitcodes.USAGE, "--phase must be one of")
     fails(ctl(cluster, "requests", "ls", "--limit", "0"), exitcodes.USAGE, "--limit")
     fails(ctl(cluster, "requests", "show", "nope"), exitcodes.USAGE, "no request 'nope'")
