@@ -494,10 +494,23 @@ class Gateway:
         if fl is None:
             return False
         fl.cancelled = True
+        await self._stop(fl, timeout=5)
+        return True
+
+    async def cancel_many(self, prefix: str = "") -> list[str]:
+        """Abort every in-flight request whose id starts with ``prefix`` (all, for ""), on their instances
+        at once; the ids, sorted."""
+        flights = [fl for rid, fl in list(self.inflight.items()) if rid.startswith(prefix) and not fl.cancelled]
+        for fl in flights:
+            fl.cancelled = True
+        await asyncio.gather(*(self._stop(fl, timeout=5) for fl in flights))
+        return sorted(fl.id for fl in flights)
+
+    async def _stop(self, fl: Inflight, timeout: float) -> None:
+        """Tell the instance serving a request to stop it (its stream then ends as cancelled)."""
         if fl.serving is not None:
             with contextlib.suppress(WorkerCallError):
-                await self.workers.cancel(fl.serving[1], rid, timeout=5)
-        return True
+                await self.workers.cancel(fl.serving[1], fl.id, timeout=timeout)
 
     def id_taken(self, rid: str) -> bool:
         """Whether a client-chosen id is in flight, being admitted, or queued for the status table."""
@@ -519,12 +532,7 @@ class Gateway:
             fl.interrupted = reason
             fl.cancelled = True
 
-        async def stop(fl: Inflight) -> None:
-            if fl.serving is not None:
-                with contextlib.suppress(WorkerCallError):
-                    await self.workers.cancel(fl.serving[1], fl.id, timeout=2)
-
-        await asyncio.gather(*(stop(fl) for fl in flights))
+        await asyncio.gather(*(self._stop(fl, timeout=2) for fl in flights))
         return len(flights)
 
     async def close(self) -> None:

@@ -181,6 +181,10 @@ class TetriClient:
     async def cancel(self, request_id: str) -> dict[str, Any]:
         return await self._call("POST", f"/api/v1/requests/{_q(request_id)}/cancel")
 
+    async def cancel_many(self, prefix: str = "") -> dict[str, Any]:
+        """Every in-flight request (whose id starts with ``prefix``) cancelled at once."""
+        return await self._call("POST", "/api/v1/requests/cancel", json={"prefix": prefix})
+
     async def complete(self, body: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
         """POST /v1/completions (non-streaming); waits for the whole answer."""
         return await self._call("POST", "/v1/completions", json=body, timeout=timeout)

@@ -177,13 +177,37 @@ def requests_show(
 
 @requests_app.command("cancel")
 def requests_cancel(
-    request_id: Annotated[str, typer.Argument(help="Request id (must be in flight).")],
+    request_id: Annotated[str | None, typer.Argument(help="Request id (must be in flight).")] = None,
+    status_: Annotated[
+        str | None,
+        typer.Option("--status", help="running: cancel every in-flight request at once (with --prefix, those ids)."),
+    ] = None,
+    prefix: Annotated[
+        str | None, typer.Option("--prefix", help="With --status running: ids starting with this.")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Cancel an in-flight request (exit 1 if it is no longer in flight)."""
+    """Cancel an in-flight request (exit 1 if it is no longer in flight), or with `--status running` every
+    in-flight request at once (`--prefix P`: those whose id starts with P)."""
+    if request_id is not None and (status_ is not None or prefix is not None):
+        fail("give a request id, or --status running [--prefix P] to cancel in bulk, not both")
+    if request_id is None:
+        if status_ is None:
+            fail("give a request id, or --status running [--prefix P] to cancel every in-flight request")
+        if status_ != "running":
+            fail(f"--status: only running requests can be cancelled, not {status_!r}")
+
+        async def many(c: TetriClient) -> dict[str, Any]:
+            return await c.cancel_many(prefix or "")
+
+        def said(d: dict[str, Any]) -> None:
+            out.print(f"cancelled {d['count']:,} request{'' if d['count'] == 1 else 's'}")
+
+        call(target(url, token, config), many, said, json_out)
+        return
 
     async def body(c: TetriClient) -> dict[str, Any]:
         return await c.cancel(request_id)

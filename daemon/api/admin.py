@@ -23,7 +23,7 @@ from ..db.store import REQUEST_COLUMNS
 from ..flips import FlipError
 from ..gateway import Gateway
 from .auth import identity, require_admin
-from .schemas import errors
+from .schemas import BulkCancel, errors
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], responses=errors(401, 404, 409))
 
@@ -131,6 +131,14 @@ def _timeline(row: dict[str, Any]) -> list[dict[str, Any]]:
         ("done", row.get("finished_ts")),
     ]
     return [{"phase": p, "ts": ts} for p, ts in points if ts is not None]
+
+
+@router.post("/requests/cancel")
+async def cancel_many(request: Request, body: Annotated[BulkCancel | None, Body()] = None) -> dict[str, Any]:
+    """Cancel every in-flight request (whose id starts with `prefix`, when given) at once; the ids cancelled.
+    Finished requests are not touched: only what runs can be cancelled."""
+    ids = await _gw(request).cancel_many(body.prefix if body is not None else "")
+    return {"cancelled": ids, "count": len(ids)}
 
 
 @router.post("/requests/{request_id}/cancel")

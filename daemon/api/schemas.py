@@ -115,6 +115,14 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
+class BulkCancel(BaseModel):
+    """`POST /api/v1/requests/cancel`: which in-flight requests to cancel (all of them without a prefix)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: str = Field("", max_length=64, description="Only requests whose id starts with this.")
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str

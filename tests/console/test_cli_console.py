@@ -142,6 +142,57 @@ def test_cancel_an_in_flight_request(cluster: LiveCluster):
             time.sleep(0.1)
 
 
+def test_cancel_in_bulk(cluster: LiveCluster):
+    proc, info = cluster.add_worker("decode", time_scale=1.0)  # a slow decode instance: minutes for these
+    slow = info["instance_id"]
+    ids = ["bulk-1", "bulk-2", "bulk-3", "other-1"]
+
+    def long_request(rid: str) -> None:
+        with httpx.Client(base_url=cluster.url, timeout=120) as h:
+            body = {
+                "model": MODEL,
+                "prompt": [5] * 10,
+                "max_tokens": 2000,
+                "tetri": {"request_id": rid, "decode_instance": slow},
+            }
+            h.post("/v1/completions", json=body)
+
+    threads = [threading.Thread(target=long_request, args=(rid,)) for rid in ids]
+    for t in threads:
+        t.start()
+    try:
+
+        def decoding(rid: str) -> bool:
+            r = httpx.get(f"{cluster.url}/api/v1/requests/{rid}")
+            return r.status_code == 200 and r.json()["phase"] == "decode"
+
+        deadline = time.monotonic() + 20
+        while not all(decoding(rid) for rid in ids):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        fails(ctl(cluster, "requests", "cancel"), exitcodes.USAGE, "--status running")
+        fails(ctl(cluster, "requests", "cancel", "--status", "finished"), exitcodes.USAGE, "only running")
+        fails(ctl(cluster, "requests", "cancel", "bulk-1", "--status", "running"), exitcodes.USAGE, "not both")
+        doc = ok_json(cluster, "requests", "cancel", "--status", "running", "--prefix", "bulk-")
+        assert doc == {"cancelled": ["bulk-1", "bulk-2", "bulk-3"], "count": 3}
+        assert httpx.get(f"{cluster.url}/api/v1/requests/other-1").json()["status"] == "running"
+        human = ctl(cluster, "requests", "cancel", "--status", "running")
+        assert human.returncode == 0 and "cancelled 1 request\n" in human.stdout, human.stdout + human.stderr
+        for t in threads:
+            t.join(60)
+        time.sleep(0.3)
+        assert {ok_json(cluster, "requests", "show", rid)["status"] for rid in ids} == {"cancelled"}
+        bad = httpx.post(f"{cluster.url}/api/v1/requests/cancel", json={"prefix": 7, "extra": 1})
+        assert bad.status_code == 400 and "error" in bad.json()
+    finally:
+        stop_all([proc])  # the other tests expect two decode instances
+        cluster.workers.pop(slow)
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{cluster.url}/api/v1/instances/{slow}").json()["state"] != "unhealthy":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
 def test_policy_and_flip_policy(cluster: LiveCluster):
     before = ok_json(cluster, "policy", "show")
     changed = ok_json(cluster, "policy", "set", "--prefill", "sjf", "--sched-batch", "8", "--chunk", "256")
