@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
@@ -81,6 +83,21 @@ class DrainingServer(uvicorn.Server):
                 await asyncio.sleep(0.02)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (as uvicorn would bind it; OSError when it cannot)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def _error(message: str) -> None:
     print(json.dumps({"event": "error", "error": message}), flush=True)
 
@@ -91,6 +108,13 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
         grpc_server = bind_control_plane(settings.grpc_host, settings.grpc_port, settings.grpc_token(), tls)
     except PortInUse as e:
         _error(f"control-plane gRPC: {e}")
+        return 2
+    try:  # and the HTTP port, ourselves: uvicorn reports a busy port with a traceback
+        sock = _listen(settings.host, settings.port)
+    except OSError as e:
+        await grpc_server.stop(0)
+        why = "in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e)).lower()
+        _error(f"HTTP: cannot serve on {settings.host}:{settings.port} ({why}); choose another port with --port")
         return 2
     app = create_app(settings, mode, grpc_server)
     config = uvicorn.Config(
@@ -105,11 +129,12 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
         ssl_keyfile=settings.tls_key_file,
     )
     server = DrainingServer(config, app, settings.drain_grace_s)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():
-            await task
-            _error(f"HTTP: cannot serve on {settings.host}:{settings.port} (in use, or not an address of this host)")
+            with contextlib.suppress(SystemExit):  # uvicorn exits on a failed start-up; say why in one line
+                await task
+            _error(f"HTTP: cannot serve on {settings.host}:{settings.port}")
             await grpc_server.stop(0)
             return 2
         await asyncio.sleep(0.02)

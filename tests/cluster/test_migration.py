@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -258,6 +259,17 @@ def test_workers_refuse_a_live_id_and_a_port_in_use(tmp_path: Path):
         assert msg["event"] == "error" and f":{port}" in msg["error"] and "in use" in msg["error"]
         assert d.wait(timeout=10) == 2
         d.stdout.close()
+        http_port = c.url.rsplit(":", 1)[1]  # the HTTP port in use: one line naming it and the flag, no traceback
+        with tempfile.TemporaryFile("w+") as errs:
+            args = ["--port", http_port, "--grpc-port", "0", "--state-dir", str(tmp_path / "third")]
+            d = spawn("daemon.main", args, stderr=errs)
+            assert d.stdout is not None
+            msg = json.loads(d.stdout.readline())
+            assert d.wait(timeout=10) == 2
+            d.stdout.close()
+            errs.seek(0)
+            assert "Traceback" not in errs.read()
+        assert msg["event"] == "error" and f":{http_port} (in use)" in msg["error"] and "--port" in msg["error"]
         _, wildcard = c.add_worker("decode", extra=["--host", "0.0.0.0"])
         assert not wildcard["address"].startswith("0.0.0.0")
         assert instance(c, wildcard["instance_id"])["address"] == wildcard["address"]
