@@ -6,6 +6,7 @@ model's instances; prompts are tokenized, and outputs detokenized, with that mod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from tetri.sampling import Sampling
 
@@ -252,23 +253,33 @@ async def _collect(job: _Job) -> tuple[str, list[int], str] | Failed:
 
 
 @router.post("/v1/completions", response_model=None, responses=CODES)
-async def completions(body: CompletionRequest, request: Request) -> JSONResponse | EventStream:
+async def completions(body: CompletionRequest, request: Request) -> Response:
     job = await _admit(request, body, lambda tok: _completion_ids(body, tok), body.max_tokens, "cmpl-")
-    return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, chat=False)
+    return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, False, request)
 
 
 @router.post("/v1/chat/completions", response_model=None, responses=CODES)
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | EventStream:
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     job = await _admit(request, body, lambda tok: _chat_ids(body, tok), max_tokens, "chatcmpl-")
-    return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, chat=True)
+    return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, True, request)
 
 
-async def _respond(job: _Job, stream: bool, chat: bool) -> JSONResponse | EventStream:
-    """The answer to an admitted request: an SSE stream, or the whole completion (or its failure)."""
+async def _respond(job: _Job, stream: bool, chat: bool, request: Request) -> Response:
+    """The answer to an admitted request: an SSE stream, or the whole completion (or its failure). A client
+    that disconnects before a whole completion is ready cancels its request, as a stream's does."""
     if stream:
         return EventStream(_sse(job, chat))
-    got = await _collect(job)
+    collect = asyncio.ensure_future(_collect(job))
+    gone = asyncio.ensure_future(_disconnect(request))
+    await asyncio.wait((collect, gone), return_when=asyncio.FIRST_COMPLETED)
+    gone.cancel()
+    if not collect.done():  # the client left: stop the request (recorded as cancelled), answer no one
+        collect.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await collect
+        return Response(status_code=499)
+    got = collect.result()
     if isinstance(got, Failed):
         status = 503 if got.status == Status.INTERRUPTED else 502
         return openai_error(status, got.message, "APIError", None, _failure_code(got))
@@ -276,6 +287,12 @@ async def _respond(job: _Job, stream: bool, chat: bool) -> JSONResponse | EventS
     ids = toks if job.with_ids else None
     whole = chat_completion if chat else completion_chunk
     return JSONResponse(whole(job.rid, job.created, job.model, text, reason, usage(job.prompt_tokens, len(toks)), ids))
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client disconnects (its body is already read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _failure_code(ev: Failed) -> str:

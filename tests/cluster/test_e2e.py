@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -187,3 +188,19 @@ def test_admin_api_and_metrics(disagg: LiveCluster):
         ):
             assert name in text
         assert h.get("/healthz").status_code == 200 and h.get("/readyz").json()["ready"] is True
+
+
+def test_a_client_that_leaves_a_non_streaming_request_cancels_it(tmp_path: Path):
+    """As a closed stream does: the request stops on its worker and is recorded as cancelled."""
+    c = start_cluster(tmp_path, ["prefill", "decode"], time_scale=0.1)  # 2000 tokens: about 20 s of wall time
+    try:
+        body = {"model": MODEL, "prompt": [5] * 10, "max_tokens": 2000, "tetri": {"request_id": "gone"}}
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=c.url, timeout=1.5) as h:
+            h.post("/v1/completions", json=body)  # the client gives up and closes its connection
+        deadline = time.monotonic() + 10
+        while (row := httpx.get(f"{c.url}/api/v1/requests/gone").json())["status"] == "running":
+            assert time.monotonic() < deadline, row
+            time.sleep(0.05)
+        assert row["status"] == "cancelled" and row["output_tokens"] < 2000
+    finally:
+        c.stop()
