@@ -353,3 +353,36 @@ def test_advise_flip_policy_needs_a_profile_and_good_slos(tmp_path: Path) -> Non
         load_daemon_settings(None, profile="tiny", slo=["ttft=x"])
     with pytest.raises(ConfigError, match=r"^\[daemon\] profile: "):
         load_daemon_settings(None, profile="tiny", profiles_file=str(tmp_path / "absent.toml"))
+
+
+def test_the_example_config_has_every_setting_and_its_defaults(tmp_path: Path) -> None:
+    """`tetrictl config example`: every field of both models, each default as the models have it (the
+    file with every valued line uncommented loads to the defaults), and as written it changes nothing."""
+    import re
+    import subprocess
+    import sys
+    import tomllib
+
+    r = subprocess.run(
+        [sys.executable, "-m", "tetrictl.app", "config", "example"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert tomllib.loads(text) == {"daemon": {}, "worker": {}, "ctl": {}}  # all commented out
+    for model in (DaemonSettings, WorkerSettings):
+        for key in model.model_fields:
+            assert re.search(rf"^# {key} =", text, re.M), key
+    live = "\n".join(re.sub(r"^# (\w+ = (?!\s*\(no default\)).*)$", r"\1", line) for line in text.splitlines())
+    path = _write(tmp_path, live)
+    assert load_daemon_settings(path).model_dump() == DaemonSettings().model_dump()
+    assert load_worker_settings(path).model_dump() == WorkerSettings().model_dump()
+    assert tomllib.loads(live)["ctl"] == {"url": "http://127.0.0.1:8000"}
+    out = tmp_path / "example.toml"
+    w = subprocess.run(
+        [sys.executable, "-m", "tetrictl.app", "config", "example", "-o", str(out)], capture_output=True, text=True
+    )
+    assert w.returncode == 0 and out.read_text() == text
+    again = subprocess.run(
+        [sys.executable, "-m", "tetrictl.app", "config", "example", "-o", str(out)], capture_output=True, text=True
+    )
+    assert again.returncode == 2 and "exists" in again.stderr

@@ -8,6 +8,7 @@ Every field is documented here and in docs/cluster.md.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -202,6 +203,62 @@ class WorkerSettings(BaseSettings):
     tls_cert_file: str | None = Field(None, description="PEM certificate: serve the Worker service over TLS.")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
     tls_ca_file: str | None = Field(None, description="PEM CA bundle for the daemon's and peers' certificates.")
+
+
+ExtraField = tuple[str, Any, str]  # (name, default or None, description)
+
+
+def example_toml(extra: dict[str, list[ExtraField]] | None = None) -> str:
+    """A commented TOML file of every setting of the `[daemon]` and `[worker]` sections (and `extra`
+    sections, e.g. the CLI's `[ctl]`), each with its description and default, generated from the settings
+    models so that it cannot drift from them. Every setting is commented out: the file, as written, changes
+    nothing; a setting without a default is shown as a comment only."""
+    lines = [
+        "# Tetri configuration (`tetrictl config example`): every setting, its meaning and its default.",
+        "# Uncomment what you change. Precedence: flags > environment (TETRI_DAEMON_*, TETRI_WORKER_*) > this",
+        "# file (--config, or TETRI_CONFIG) > defaults. docs/cluster.md lists them too.",
+    ]
+    sections: list[tuple[str, str, list[ExtraField]]] = []
+    for name, model in (("daemon", DaemonSettings), ("worker", WorkerSettings)):
+        fields = []
+        for key, f in model.model_fields.items():
+            default = f.get_default(call_default_factory=True)
+            fields.append((key, default, f.description or ""))
+        sections.append((name, (model.__doc__ or "").strip(), fields))
+    for name, fields in (extra or {}).items():
+        sections.append((name, "", fields))
+    for name, doc, fields in sections:
+        lines += ["", f"[{name}]"] + ([f"# {doc}"] if doc else [])
+        for key, default, description in fields:
+            lines += ["", *[f"# {line}" for line in _wrap(description)]]
+            lines.append(f"# {key} = {_toml_value(default)}" if default is not None else f"# {key} =  (no default)")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, Path):
+        return json.dumps(v.as_posix())
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML form for {v!r}")
+
+
+def _wrap(text: str, width: int = 100) -> list[str]:
+    out: list[str] = []
+    for word in text.split():
+        if out and len(out[-1]) + 1 + len(word) <= width:
+            out[-1] += " " + word
+        else:
+            out.append(word)
+    return out
 
 
 def is_loopback(host: str) -> bool:

@@ -10,6 +10,7 @@ from . import (
     advise_cmd,
     bench_cmd,
     cluster_cmd,
+    config_cmd,
     flip_cmd,
     plan_cmd,
     policy_cmd,
@@ -70,6 +71,7 @@ app.command("up")(cluster_cmd.up)
 app.command("bench")(bench_cmd.bench)
 app.command("profile")(profile_cmd.profile)
 app.command("advise")(advise_cmd.advise_cmd)
+app.add_typer(config_cmd.app, name="config")
 
 
 def main() -> None:
