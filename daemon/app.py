@@ -124,6 +124,7 @@ def create_app(
             await gateway.close()
             await writer.stop()
             store.close()
+            log.info("stopped")
 
     app = FastAPI(title="Tetri daemon", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyGuard, max_bytes=settings.max_request_bytes)

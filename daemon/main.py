@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from tetri import eventloop
 from tetri.config import ConfigError, DaemonSettings, check_daemon_settings, load_daemon_settings
 from tetri.gcheap import freeze_startup_heap
+from tetri.logsetup import configure_logging
 
 from .api.front import OpenAIFront
 from .app import create_app
@@ -121,7 +122,8 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
         OpenAIFront(app, settings),
         host=settings.host,
         port=settings.port,
-        log_level="warning",
+        log_level=settings.log_level,
+        log_config=None,  # uvicorn's loggers go where ours go (--log-file, --log-format)
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=2,
@@ -155,7 +157,8 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
         ),
         flush=True,
     )
-    await task
+    log.info("serving on %s://%s:%s (gRPC %s:%s)", scheme, host, port, settings.grpc_host, app.state.grpc_port)
+    await task  # (uvicorn re-raises a captured SIGTERM after this: the lifespan logs the stop)
     return 0
 
 
@@ -192,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FIELD=VALUE",
         help="A runtime policy the cluster starts with (repeatable), e.g. colocated_schedule=vllm-v1.",
     )
+    ap.add_argument("--log-level", help="debug, info, warning (the default) or error.")
+    ap.add_argument("--log-file", help="Append the log to this file (default: stderr).")
+    ap.add_argument("--log-format", help="text (the default) or json: one object a line.")
     ap.add_argument("--profile", help="The cluster's cost profile: what the advise flip policy simulates.")
     ap.add_argument("--profiles-file", help="Read --profile from this file (`tetrictl profile` writes one).")
     ap.add_argument(
@@ -215,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             profile=a.profile,
             profiles_file=a.profiles_file,
             slo=a.slo,
+            log_level=a.log_level,
+            log_file=a.log_file,
+            log_format=a.log_format,
         )
         if a.policy:  # over the configured ones, as every flag is
             settings = settings.model_copy(update={"policies": settings.policies | _policy_args(a.policy)})
@@ -223,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    try:
+        configure_logging(settings.log_level, settings.log_file, settings.log_format, "daemon")
+    except OSError as e:
+        print(f"error: [daemon] log_file: cannot open {settings.log_file}: {e.strerror}", file=sys.stderr)
+        return 2
     code = 0
     with contextlib.suppress(KeyboardInterrupt):
         code = eventloop.run(serve(settings, a.mode), loop)

@@ -116,6 +116,9 @@ class DaemonSettings(BaseSettings):
         description="The SLOs the `advise` flip policy scores splits against: 'ttft=1,tpot=0.1' (the default) "
         "and per class 'HPLD:ttft=5' (seconds; as `tetrictl advise --slo`).",
     )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("warning", description="Least level logged.")
+    log_file: str | None = Field(None, description="Append the log here (default: stderr).")
+    log_format: Literal["text", "json"] = Field("text", description="text lines, or one JSON object a line.")
 
     def grpc_token(self) -> str | None:
         return self.cluster_token or self.token
@@ -203,6 +206,9 @@ class WorkerSettings(BaseSettings):
     tls_cert_file: str | None = Field(None, description="PEM certificate: serve the Worker service over TLS.")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
     tls_ca_file: str | None = Field(None, description="PEM CA bundle for the daemon's and peers' certificates.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("warning", description="Least level logged.")
+    log_file: str | None = Field(None, description="Append the log here (default: stderr).")
+    log_format: Literal["text", "json"] = Field("text", description="text lines, or one JSON object a line.")
 
 
 ExtraField = tuple[str, Any, str]  # (name, default or None, description)

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from tetri.logsetup import FORMATS as LOG_FORMATS
+from tetri.logsetup import LEVELS as LOG_LEVELS
 from tetri.scheduling.colocated import BASELINES
 
 from . import exitcodes
@@ -27,6 +29,11 @@ worker_app = typer.Typer(help="Prefill/decode workers.", no_args_is_help=True, r
 def _exec(module: str, args: list[str]) -> None:
     """Replace this process with the daemon or worker (signals and exit code pass straight through)."""
     os.execv(sys.executable, [sys.executable, "-m", module, *args])
+
+
+LogLevelOpt = Annotated[str | None, typer.Option(help="Log level: debug, info, warning (default) or error.")]
+LogFileOpt = Annotated[Path | None, typer.Option(help="Append the log to this file (default: stderr).")]
+LogFormatOpt = Annotated[str | None, typer.Option(help="Log format: text (default) or json, one object a line.")]
 
 
 def _opt(args: list[str], flag: str, value: object) -> None:
@@ -46,10 +53,16 @@ def daemon_start(
         float | None, typer.Option(help="The cluster clock: model seconds per wall second (the sim workers').")
     ] = None,
     config: ConfigOpt = None,
+    log_level: LogLevelOpt = None,
+    log_file: LogFileOpt = None,
+    log_format: LogFormatOpt = None,
 ) -> None:
     """Run the daemon in the foreground (prints a JSON ready line)."""
     args: list[str] = []
     for flag, v in (
+        ("--log-level", log_level),
+        ("--log-file", log_file),
+        ("--log-format", log_format),
         ("--host", host),
         ("--port", port),
         ("--grpc-port", grpc_port),
@@ -110,10 +123,16 @@ def worker_start(
         str | None, typer.Option(help="The cluster token: on every call, required of every call to this worker.")
     ] = None,
     config: ConfigOpt = None,
+    log_level: LogLevelOpt = None,
+    log_file: LogFileOpt = None,
+    log_format: LogFormatOpt = None,
 ) -> None:
     """Run one worker in the foreground; it registers with the daemon (prints a JSON ready line)."""
     args = ["--role", role, "--daemon", daemon, "--engine", engine]
     for flag, v in (
+        ("--log-level", log_level),
+        ("--log-file", log_file),
+        ("--log-format", log_format),
         ("--profile", profile),
         ("--time-scale", time_scale),
         ("--host", host),
@@ -164,6 +183,9 @@ def up(
     grpc_port: Annotated[int, typer.Option(help="Daemon gRPC port (0 = any free port).")] = 50051,
     state_dir: Annotated[Path, typer.Option(help="Directory of the SQLite status tables.")] = Path("state"),
     config: ConfigOpt = None,
+    log_level: LogLevelOpt = None,
+    log_file: Annotated[Path | None, typer.Option(help="Append every process's log to this file.")] = None,
+    log_format: LogFormatOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Bring up the embedded cluster: the daemon plus sim workers (one that exits is restarted). Ctrl-C or
@@ -175,6 +197,13 @@ def up(
         fail(f"--baseline must be one of {', '.join(BASELINES)}, not {baseline!r}")
     if baseline is not None and mode != "colocated":
         fail("--baseline schedules colocated instances: use it with --mode colocated")
+    if log_level is not None and log_level not in LOG_LEVELS:
+        fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+    if log_format is not None and log_format not in LOG_FORMATS:
+        fail(f"--log-format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
+    log_args: list[str] = []
+    for flag, v in (("--log-level", log_level), ("--log-file", log_file), ("--log-format", log_format)):
+        _opt(log_args, flag, v)
     counts = {"prefill": prefill, "decode": decode} if mode == "disaggregated" else {"colocated": colocated}
     for role, n in counts.items():
         if n < 1:
@@ -198,6 +227,7 @@ def up(
             grpc_port=grpc_port,
             config=config,
             policies={"colocated_schedule": baseline} if baseline else None,
+            log_args=log_args,
         )
     except StartError as e:
         fail(str(e), exitcodes.REFUSED)
@@ -234,7 +264,11 @@ def up(
                 break
             out.print(f"worker {was} exited (code {rc}); restarted as {info['instance_id']}")
         time.sleep(0.2)
+    if not json_out:
+        out.print("stopping: the daemon drains in-flight requests first, then the workers stop")
     cluster.stop()
+    if not json_out:
+        out.print("stopped")
     raise typer.Exit(code)
 
 

@@ -136,16 +136,19 @@ def start_local_cluster(
     grpc_port: int = 0,
     config: Path | None = None,
     policies: dict[str, str] | None = None,
+    log_args: list[str] | None = None,
 ) -> LocalCluster:
     """Start the daemon, then one worker per role, each waited for; on failure nothing is left running.
     Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md). `policies`: the
-    runtime policies the cluster starts with (the daemon's `--policy FIELD=VALUE`)."""
+    runtime policies the cluster starts with (the daemon's `--policy FIELD=VALUE`). `log_args`: `--log-level`,
+    `--log-file`, `--log-format` flags for every process (they may share one file)."""
     dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
     dargs += ["--time-scale", str(time_scale), "--profile", profile]  # the advise flip policy's model
     for name, value in (policies or {}).items():
         dargs += ["--policy", f"{name}={value}"]
     if config is not None:
         dargs += ["--config", str(config)]
+    dargs += log_args or []
     # one random cluster token per cluster: every gRPC call between its processes carries it, so no
     # other local process can drive its workers (the environment, not argv: `ps` shows argv)
     token = secrets.token_urlsafe(24)
@@ -158,6 +161,7 @@ def start_local_cluster(
             wargs = ["--role", role, "--daemon", ready["grpc"], "--profile", profile, "--time-scale", str(time_scale)]
             if config is not None:
                 wargs += ["--config", str(config)]
+            wargs += log_args or []
             cluster.start_worker(wargs)
     except BaseException:
         stop_all(procs)

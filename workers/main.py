@@ -20,6 +20,7 @@ from tetri import eventloop
 from tetri.clock import ScaledClock
 from tetri.config import WorkerSettings
 from tetri.gcheap import freeze_startup_heap
+from tetri.logsetup import configure_logging
 from tetri.proto import rpc
 from tetri.proto.peers import Peers
 from tetri.proto.security import PortInUse, Tls, make_server
@@ -151,6 +152,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
             ),
             flush=True,
         )
+        log.info("%s instance %s serving on %s", settings.role, instance_id, address)
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({link_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if link_task in done and isinstance(link_task.exception(), RegistrationRefused):
@@ -164,6 +166,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
     await service.close()
     await engine.stop()
     await peers.close()
+    log.info("stopped")
     return code
 
 
@@ -189,7 +192,11 @@ WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 
 
 def run(settings: WorkerSettings) -> int:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    try:
+        configure_logging(settings.log_level, settings.log_file, settings.log_format, f"worker:{settings.role}")
+    except OSError as e:
+        print(f"error: [worker] log_file: cannot open {settings.log_file}: {e.strerror}", file=sys.stderr)
+        return 2
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -211,7 +218,7 @@ if __name__ == "__main__":
         ap.add_argument(f"--{flag}")
     for flag in ("kv-store", "on-missing-kv", "profiles-file", "dtype", "served-model-name", "tokenizer"):
         ap.add_argument(f"--{flag}")
-    for flag in ("engine-cpus",):
+    for flag in ("engine-cpus", "log-level", "log-file", "log-format"):
         ap.add_argument(f"--{flag}")
     ap.add_argument("--kv-both", action="store_true", default=None)
     for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
@@ -259,6 +266,9 @@ if __name__ == "__main__":
             max_model_len=a.max_model_len,
             block_size=a.block_size,
             max_num_seqs=a.max_num_seqs,
+            log_level=a.log_level,
+            log_file=a.log_file,
+            log_format=a.log_format,
         )
         eventloop.chosen()  # a bad TETRI_EVENT_LOOP: one line, exit 2
     except ConfigError as e:
