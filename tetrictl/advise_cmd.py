@@ -6,8 +6,6 @@ advice beside the best colocated setup, and with `--apply` changes the live clus
 the policies in one audited change, then one flip at a time until the P:D split matches.
 """
 
-from __future__ import annotations
-
 import asyncio
 import math
 import time
@@ -30,7 +28,7 @@ if TYPE_CHECKING:
 
 def _requests(
     trace: Path | None, workload: str | None, rate: float | None, n: int, seed: int, profile: str
-) -> list[Request]:
+) -> "list[Request]":
     from tetri.des.trace import read_trace
     from tetri.des.workloads import WorkloadSpecError, check_workload_name, make_workload
 

@@ -1,6 +1,10 @@
-"""The `tetrictl` entry point: one Typer app, one module per command group."""
+"""The `tetrictl` command tree: one Typer app, one module per command group (the console script is
+`tetrictl.cli:main`)."""
 
-from __future__ import annotations
+if __name__ == "__main__":  # `python -m tetrictl.app` starts as light as the `tetrictl` script does
+    from tetrictl.cli import UNUSED_MODULES, mark_absent
+
+    mark_absent(UNUSED_MODULES)
 
 from typing import Annotated
 

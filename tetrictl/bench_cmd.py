@@ -5,8 +5,6 @@ event simulator (`--mode des`) or on live sim clusters started on loopback (`--m
 prints the paper-style table and optionally the ablations (simulator only), and draws a PNG.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Any
 

@@ -1,7 +1,5 @@
 """`tetrictl up`, `tetrictl daemon start`, `tetrictl worker start`: run the cluster's processes."""
 
-from __future__ import annotations
-
 import os
 import signal
 import sys

@@ -1,8 +1,6 @@
 """`tetrictl config example`: a commented TOML file of every setting (`[daemon]`, `[worker]`, `[ctl]`),
 generated from the settings models (`tetri.config.example_toml`), so it cannot drift from them."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

@@ -5,8 +5,6 @@ document under --json (else the renderer's rich output), and turns a `ClientErro
 message and exit code (docs/console.md): 0 ok, 1 refused or failed, 2 usage or bad input, 3 unreachable.
 """
 
-from __future__ import annotations
-
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime

@@ -1,7 +1,5 @@
 """`tetrictl flip`, `tetrictl flips`, `tetrictl flip-policy show|set`: instance flips over the admin API."""
 
-from __future__ import annotations
-
 import asyncio
 import time
 from typing import Annotated, Any

@@ -7,20 +7,43 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from tetri.planner.errors import WorkloadError
 
 from . import exitcodes
 
-out = Console(width=None if sys.stdout.isatty() else 150)
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich Console made on first use, so that a command that prints only JSON never loads rich."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._console: Console | None = None
+
+    def real(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+
+def real(console: Console) -> Console:
+    """The Console behind `out` or `err`, for the rich objects that take one (`Live(console=…)`)."""
+    return console.real() if isinstance(console, _LazyConsole) else console
+
+
+out = cast("Console", _LazyConsole(width=None if sys.stdout.isatty() else 150))
+err = cast("Console", _LazyConsole(stderr=True))
 
 
 def print_json(doc: Any) -> None:
@@ -28,7 +51,9 @@ def print_json(doc: Any) -> None:
 
 
 def fail(message: str, code: int = exitcodes.USAGE) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+    """One line on stderr (`error:` in red on a terminal), then exit `code`."""
+    typer.secho("error:", fg="red", bold=True, err=True, nl=False)
+    typer.echo(f" {message}", err=True)
     raise typer.Exit(code)
 
 
@@ -44,6 +69,8 @@ def user_errors() -> Iterator[None]:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left")
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i == 0 else "right")
@@ -66,6 +93,8 @@ def progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
     if quiet or not err.is_terminal:
         yield lambda done, total: None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     bar = Progress(
         TextColumn(label),
         BarColumn(),

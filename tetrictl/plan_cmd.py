@@ -5,8 +5,6 @@ A thin shell: it reads and writes files, times the solves and prints; every deci
 `tetrictl` starts without it.
 """
 
-from __future__ import annotations
-
 import json
 import math
 import time
@@ -54,7 +52,7 @@ BudgetOpt = Annotated[
 DEFAULT_BUDGET_S = 1.0
 
 
-def _improvement(budget_s: float, seed: int) -> Improve:
+def _improvement(budget_s: float, seed: int) -> "Improve":
     """The improvement phase's bounds: this many seconds on the wall clock (the shell's to read)."""
     from tetri.planner.improve import Budget
     from tetri.planner.policies import Improve
@@ -64,7 +62,7 @@ def _improvement(budget_s: float, seed: int) -> Improve:
     return Improve(Budget(budget_s, time.perf_counter), max_evals=10**9 if budget_s > 0 else 0, seed=seed)
 
 
-def _load(path: Path, memory: int, drop: bool) -> tuple[Workload, int]:
+def _load(path: Path, memory: int, drop: bool) -> "tuple[Workload, int]":
     from tetri.planner.workload import parse_jsonl
 
     w = parse_jsonl(path.read_text(encoding="utf-8").splitlines(), source=str(path))
@@ -180,7 +178,7 @@ def solve_cmd(
     _print_summary(f"{policy} ({res.solver}) plan" + (f" → {output}" if output else ""), doc)
 
 
-def _bound_doc(bound: Bound) -> dict[str, Any]:
+def _bound_doc(bound: "Bound") -> dict[str, Any]:
     return {
         "value": bound.lower_bound,
         "method": bound.method,
@@ -275,7 +273,7 @@ def simulate_cmd(
     _print_summary(f"{name} under M = {memory:,}", doc)
 
 
-def _default_policies(w: Workload, memory: int) -> list[str]:
+def _default_policies(w: "Workload", memory: int) -> list[str]:
     from tetri.planner.lp import LP_MAX_NONZEROS, lp_nonzeros
 
     names = ["fcfs", "mcsf", "mcsf-skip", "size", "area", "sorted-f"]

@@ -1,7 +1,5 @@
 """`tetrictl policy show|set|history`: the runtime scheduling policies (hot-swap) over the admin API."""
 
-from __future__ import annotations
-
 import time
 from typing import Annotated, Any
 

@@ -7,8 +7,6 @@ points, reports the error on the third held out (per kind), and writes a profile
 loads (`--profiles-file` on workers and `tetrictl bench`).
 """
 
-from __future__ import annotations
-
 import asyncio
 import platform
 import re

@@ -1,25 +1,25 @@
 """`tetrictl plan replay PLAN.json`: replay an offline plan on the live cluster (tetrictl/replay.py)."""
 
-from __future__ import annotations
-
 import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.live import Live
-from rich.table import Table
 
 from . import exitcodes
 from .client import ClientError, TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, target
-from .output import err, fail, fmt, out, print_json, user_errors
+from .output import err, fail, fmt, out, print_json, real, user_errors
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from .replay import Progress
 
 
-def progress_table(info: dict[str, Any], p: Progress) -> Table:
+def progress_table(info: dict[str, Any], p: "Progress") -> "Table":
+    from rich.table import Table
+
     t = Table(title=f"replay {info['tag']} on {info['instance_id']} ({info['order']} order)", title_justify="left")
     t.add_column("")
     t.add_column("value", justify="right")
@@ -67,6 +67,8 @@ def replay(
     exactly the planned output lengths) go to one decode instance switched to `plan` admission (M = its
     KV capacity); report planned vs measured completion order and TEL. Ctrl-C stops the replay; the
     instance's previous policy is restored however it ends."""
+    from rich.live import Live
+
     from tetri.planner.planfile import parse_plan  # the planner and the replay's statistics: numpy, scipy
     from tetri.planner.workload import parse_jsonl
 
@@ -84,12 +86,12 @@ def replay(
         items = backlog(the_plan, w)
     tgt = target(url, token, config)
 
-    async def go() -> tuple[dict[str, Any], Progress]:
+    async def go() -> "tuple[dict[str, Any], Progress]":
         async with TetriClient(tgt) as c:
             r = Replay(c, the_plan, items, instance, order, speed)
             info = await r.prepare()
             if follow and not json_out:
-                with Live(progress_table(info, Progress(len(items))), console=out, refresh_per_second=4) as live:
+                with Live(progress_table(info, Progress(len(items))), console=real(out), refresh_per_second=4) as live:
                     final = await r.run(lambda p: live.update(progress_table(info, p)))
             else:
                 final = await r.run()

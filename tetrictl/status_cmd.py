@@ -1,8 +1,6 @@
 """`tetrictl status`, `instances ls|show`, `requests ls|show|cancel|export`: read the cluster over the admin
 API."""
 
-from __future__ import annotations
-
 import json
 import sys
 import time

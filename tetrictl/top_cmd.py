@@ -1,7 +1,5 @@
 """`tetrictl top`: the Textual dashboard (tetrictl/tui/)."""
 
-from __future__ import annotations
-
 import asyncio
 from pathlib import Path
 from typing import Annotated
