@@ -153,6 +153,27 @@ def progress(items: Sequence[Item], rows: dict[str, dict[str, Any]], sent: int, 
     return p
 
 
+def misfits(items: Sequence[Item], plan_memory: int, inst: dict[str, Any]) -> str | None:
+    """Why a plan cannot be replayed on this decode instance as planned (one line), or None: a request
+    longer than the model's context, or a plan made for more KV memory than the instance holds."""
+    context = int(inst.get("max_model_len") or 0)
+    capacity = int(inst.get("kv_capacity_tokens") or 0)
+    problems = []
+    too_long = [it for it in items if context and it.prompt_tokens + it.output_tokens > context]
+    if too_long:
+        shown = ", ".join(f"{it.key} ({it.prompt_tokens} + {it.output_tokens})" for it in too_long[:3])
+        more = f" and {len(too_long) - 3} more" if len(too_long) > 3 else ""
+        problems.append(f"{len(too_long)} requests exceed the model's context of {context} tokens: {shown}{more}")
+    if capacity and plan_memory > capacity:
+        problems.append(
+            f"the plan is for M = {plan_memory:,} KV slots and {inst['id']} holds {capacity:,} "
+            f"(plan with --memory {capacity})"
+        )
+    if not problems:
+        return None
+    return f"the plan does not fit {inst['id']}: " + "; ".join(problems) + " — --force replays it anyway"
+
+
 class Replay:
     """One replay on the live cluster. ``await replay.run(on_progress)``; ``replay.stop()`` ends it early."""
 
@@ -165,6 +186,7 @@ class Replay:
         order: str = "plan",
         speed: float | None = None,
         poll_s: float = 0.5,
+        force: bool = False,
     ) -> None:
         if order not in ORDERS:
             raise WorkloadError(f"--order must be one of {', '.join(ORDERS)}, not {order!r}")
@@ -181,6 +203,7 @@ class Replay:
         self.instance_id = instance_id
         self.speed = speed
         self.poll_s = poll_s
+        self.force = force
         self.tag = f"rp{secrets.token_hex(3)}"
         self.ids = {it.key: f"{self.tag}.{k}" for k, it in enumerate(self.items)}
         self.sent = 0
@@ -206,6 +229,9 @@ class Replay:
 
     async def prepare(self) -> dict[str, Any]:
         inst = await self._pick_instance()
+        why = misfits(self.items, self.plan.memory, inst)
+        if why is not None and not self.force:
+            raise ClientError(why, 2)  # nothing sent, nothing loaded
         self.instance_id = inst["id"]
         model = inst["model"]  # the plan replays on that instance's model
         renamed = [self.ids[k] for k in self.plan.order]
@@ -277,6 +303,9 @@ class Replay:
             return await self.snapshot()
         finally:
             await self._abandon(senders)
+            if not all(s.done() and not s.cancelled() for s in senders) or self._stopping.is_set():
+                with contextlib.suppress(ClientError):  # what the daemon still runs of this replay stops too
+                    await self.client.cancel_many(self.tag + ".")
             await self.restore()
 
     @staticmethod

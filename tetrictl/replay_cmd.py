@@ -58,6 +58,10 @@ def replay(
     workload: Annotated[
         Path | None, typer.Option("--workload", help="Workload file, for plans whose rows lack lengths.")
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replay a plan that does not fit the instance (context, KV memory) anyway."),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -65,8 +69,10 @@ def replay(
 ) -> None:
     """Replay a plan's backlog on the live cluster: its requests (synthetic prompts of the planned lengths,
     exactly the planned output lengths) go to one decode instance switched to `plan` admission (M = its
-    KV capacity); report planned vs measured completion order and TEL. Ctrl-C stops the replay; the
-    instance's previous policy is restored however it ends."""
+    KV capacity); report planned vs measured completion order and TEL. A plan that does not fit the
+    instance — a request past the model's context, or M above its KV capacity — is refused (exit 2) unless
+    --force. Ctrl-C stops the replay and cancels what it sent; the instance's previous policy is restored
+    however it ends."""
     from rich.live import Live
 
     from tetri.planner.planfile import parse_plan  # the planner and the replay's statistics: numpy, scipy
@@ -88,7 +94,7 @@ def replay(
 
     async def go() -> "tuple[dict[str, Any], Progress]":
         async with TetriClient(tgt) as c:
-            r = Replay(c, the_plan, items, instance, order, speed)
+            r = Replay(c, the_plan, items, instance, order, speed, force=force)
             info = await r.prepare()
             if follow and not json_out:
                 with Live(progress_table(info, Progress(len(items))), console=real(out), refresh_per_second=4) as live:
@@ -102,7 +108,7 @@ def replay(
     except ClientError as e:
         fail(e.message, e.code)
     except KeyboardInterrupt:
-        err.print("replay stopped; the instance's previous policy is restored")
+        err.print("replay stopped: its requests still running are cancelled, the instance's policy restored")
         raise typer.Exit(exitcodes.REFUSED) from None
     doc = info | {"progress": final.to_dict()}
     if json_out:

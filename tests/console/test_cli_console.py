@@ -277,6 +277,20 @@ def test_plan_replay_follows_the_plan_and_restores_the_instance(cluster: LiveClu
     fails(ctl(cluster, "plan", "replay", str(plan), "--instance", "nope"), exitcodes.USAGE, "--instance nope")
     fails(ctl(cluster, "plan", "replay", str(plan), "--speed", "0"), exitcodes.USAGE, "--speed")
     fails(ctl(cluster, "plan", "replay", str(plan), "--order", "lifo"), exitcodes.USAGE, "--order")
+    # a plan that does not fit the instance is refused before anything is sent, unless --force
+    big = tmp_path / "big.json"
+    doc_big = json.loads(plan.read_text()) | {"memory": 100_000}
+    big.write_text(json.dumps(doc_big))
+    before = httpx.get(f"{cluster.url}/api/v1/requests").json()["total"]
+    fails(ctl(cluster, "plan", "replay", str(big), "--instance", decode), exitcodes.USAGE, "plan with --memory 4192")
+    long_rows = [dict(r, prompt_tokens=4000) if r["id"] == "q0" else r for r in doc_big["schedule"]]
+    big.write_text(json.dumps(doc_big | {"memory": 4192, "schedule": long_rows}))
+    fails(ctl(cluster, "plan", "replay", str(big), "--instance", decode), exitcodes.USAGE, "q0 (4000 + 600)")
+    time.sleep(0.3)
+    assert httpx.get(f"{cluster.url}/api/v1/requests").json()["total"] == before  # nothing was sent
+    big.write_text(json.dumps(doc_big))
+    forced = ok_json(cluster, "plan", "replay", str(big), "--instance", decode, "--force")
+    assert forced["progress"]["finished"] == 12
     pinned = dict(body, tetri={"decode_instance": "nope"})
     r2 = httpx.post(f"{cluster.url}/v1/completions", json=pinned, timeout=30)
     assert r2.status_code == 400 and r2.json()["error"]["param"] == "tetri.decode_instance"
