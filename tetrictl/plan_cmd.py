@@ -5,6 +5,7 @@ A thin shell: it reads and writes files, times the solves and prints; every deci
 `tetrictl` starts without it.
 """
 
+import asyncio
 import json
 import math
 import time
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
     from tetri.planner.policies import Improve, PolicyResult
     from tetri.planner.workload import Workload
 
-from .output import print_json, progress, table, user_errors
+from .client import ClientError, Target, TetriClient
+from .console import CtlConfigOpt, TokenOpt, UrlOpt, target
+from .output import fail, print_json, progress, table, user_errors
 
 app = typer.Typer(
     help="Offline KV-budget planner: Sorted-F, its solvers, baselines and lower bounds.",
@@ -62,11 +65,15 @@ def _improvement(budget_s: float, seed: int) -> "Improve":
     return Improve(Budget(budget_s, time.perf_counter), max_evals=10**9 if budget_s > 0 else 0, seed=seed)
 
 
-def _load(path: Path, memory: int, drop: bool) -> "tuple[Workload, int]":
+def _load(path: Path, memory: int, drop: bool, why: str = "") -> "tuple[Workload, int]":
+    """The workload at `path` checked against M (`why`: what M is, added to an oversize message)."""
     from tetri.planner.workload import parse_jsonl
 
     w = parse_jsonl(path.read_text(encoding="utf-8").splitlines(), source=str(path))
-    kept, dropped = w.check_memory(memory, drop)
+    try:
+        kept, dropped = w.check_memory(memory, drop)
+    except WorkloadError as e:
+        raise WorkloadError(f"{e}{why}") from None
     if kept.n == 0:
         raise WorkloadError(f"{path}: no request left to plan: all {dropped} need more than M = {memory} KV slots")
     return kept, dropped
@@ -130,7 +137,21 @@ def gen_cmd(
 @app.command("solve")
 def solve_cmd(
     workload: WorkloadArg,
-    memory: MemoryOpt,
+    memory: Annotated[
+        int | None, typer.Option("--memory", "-M", help="KV budget M in token slots (or --from-cluster).")
+    ] = None,
+    from_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--from-cluster",
+            help="Take M (its KV capacity) and the context from a live decode instance (--instance, else the "
+            "least busy), so that the plan fits it when replayed.",
+        ),
+    ] = False,
+    instance: Annotated[str | None, typer.Option("--instance", help="With --from-cluster: this instance.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
     solver: SolverOpt = "auto",
     policy: Annotated[str, typer.Option("--policy", help="sorted-f, sorted-f-amin or sorted-lp.")] = "sorted-f",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan file here.")] = None,
@@ -154,7 +175,25 @@ def solve_cmd(
             policy = "sorted-lp"
         if policy not in ("sorted-f", "sorted-f-amin", "sorted-lp"):
             raise WorkloadError(f"solve plans with sorted-f, sorted-f-amin or sorted-lp, not {policy!r}")
-        w, dropped = _load(workload, memory, drop)
+        if from_cluster and memory is not None:
+            raise WorkloadError("--memory or --from-cluster (which takes M from the instance), not both")
+        if not from_cluster and memory is None:
+            raise WorkloadError("give --memory M, or --from-cluster to take it from a live decode instance")
+        if instance is not None and not from_cluster:
+            raise WorkloadError("--instance picks the instance of --from-cluster")
+        cluster: dict[str, Any] | None = None
+        if from_cluster:
+            cluster = _decode_instance(target(url, token, config), instance)
+            memory = int(cluster["kv_capacity_tokens"])
+        assert memory is not None
+        limit = min(memory, int(cluster["max_model_len"])) if cluster else memory
+        why = (
+            f" — {cluster['id']} holds {memory:,} KV slots and its model's context is "
+            f"{cluster['max_model_len']:,} tokens"
+            if cluster
+            else ""
+        )
+        w, dropped = _load(workload, limit, drop, why)
         with progress("planning", json_out) as bar:
             res, wall = _timed(
                 run_policy,
@@ -168,6 +207,8 @@ def solve_cmd(
                 improvement=_improvement(budget_s, seed),
             )
         doc = build_plan(w, memory, res, wall, dropped)
+        if cluster is not None:
+            doc["from_cluster"] = {k: cluster[k] for k in ("id", "model", "kv_capacity_tokens", "max_model_len")}
         doc["lower_bound"] = _bound_doc(best_bound(w, memory, int(res.schedule.finish.max())))
         doc["gap"] = doc["tel"] / doc["lower_bound"]["value"] if doc["lower_bound"]["value"] else None
         if output is not None:
@@ -176,6 +217,28 @@ def solve_cmd(
         print_json(doc)
         return
     _print_summary(f"{policy} ({res.solver}) plan" + (f" → {output}" if output else ""), doc)
+
+
+def _decode_instance(tgt: "Target", wanted: str | None) -> dict[str, Any]:
+    """The decode instance a plan is made for: `wanted`, or the active one with the fewest in flight."""
+
+    async def fetch() -> list[dict[str, Any]]:
+        async with TetriClient(tgt) as c:
+            return await c.instances()
+
+    try:
+        decodes = [i for i in asyncio.run(fetch()) if i["role"] == "decode"]
+    except ClientError as e:
+        fail(e.message, e.code)
+    if wanted is not None:
+        hit = next((i for i in decodes if i["id"] == wanted), None)
+        if hit is None:
+            raise WorkloadError(f"--instance {wanted}: not a decode instance of this cluster")
+        return hit
+    active = [i for i in decodes if i["state"] == "active"]
+    if not active:
+        raise WorkloadError("--from-cluster: the cluster has no active decode instance")
+    return min(active, key=lambda i: (i["inflight"], i["id"]))
 
 
 def _bound_doc(bound: "Bound") -> dict[str, Any]:

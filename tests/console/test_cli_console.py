@@ -291,6 +291,18 @@ def test_plan_replay_follows_the_plan_and_restores_the_instance(cluster: LiveClu
     big.write_text(json.dumps(doc_big))
     forced = ok_json(cluster, "plan", "replay", str(big), "--instance", decode, "--force")
     assert forced["progress"]["finished"] == 12
+    # a plan made for the cluster fits it: M and the context from a live decode instance
+    fit_w = tmp_path / "fit.jsonl"
+    small = [{"id": f"f{k}", "prompt_tokens": 40 + k, "output_tokens": 300} for k in range(6)]
+    fit_rows = [*small, {"id": "huge", "prompt_tokens": 1500, "output_tokens": 600}]  # 2,100 > the context
+    fit_w.write_text("".join(json.dumps(r) + "\n" for r in fit_rows))
+    fails(ctl(cluster, "plan", "solve", str(fit_w), "--from-cluster"), exitcodes.USAGE, "its model's context is")
+    fails(ctl(cluster, "plan", "solve", str(fit_w), "--from-cluster", "-M", "10"), exitcodes.USAGE, "not both")
+    fit_plan = tmp_path / "fit.json"
+    made = ok_json(cluster, "plan", "solve", str(fit_w), "--from-cluster", "--instance", decode, "--drop-oversized",
+                   "-o", str(fit_plan))  # fmt: skip
+    assert made["dropped"] == 1 and made["memory"] == 4192 and made["from_cluster"]["id"] == decode
+    assert ok_json(cluster, "plan", "replay", str(fit_plan), "--instance", decode)["progress"]["finished"] == 6
     pinned = dict(body, tetri={"decode_instance": "nope"})
     r2 = httpx.post(f"{cluster.url}/v1/completions", json=pinned, timeout=30)
     assert r2.status_code == 400 and r2.json()["error"]["param"] == "tetri.decode_instance"
