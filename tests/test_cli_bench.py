@@ -105,3 +105,14 @@ def test_bad_sweep_input_exits_2_with_one_line(args: list[str], needle: str):
     assert r.returncode == exitcodes.USAGE, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_tables_name_the_mode_they_ran_in(capsys: pytest.CaptureFixture[str]):
+    """A live run's tables (and plot) say LIVE, not DES: the mode comes from the document."""
+    from tetri.des.experiments import BenchSetup, run_bench
+    from tetrictl.bench_cmd import print_tables
+
+    doc = run_bench(["LPLD"], BenchSetup(n=8), mode="live")  # the simulator's figures, labelled as a live run's
+    print_tables(doc)
+    shown = capsys.readouterr().out
+    assert "(LIVE)" in shown and "(DES)" not in shown
