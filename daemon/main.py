@@ -28,6 +28,7 @@ from tetri.logsetup import configure_logging
 
 from .api.front import OpenAIFront
 from .app import create_app
+from .db.store import ensure_sqlite_parent_dir
 from .gateway import Gateway
 from .grpc_edge import PortInUse, Tls, bind_control_plane
 
@@ -114,8 +115,10 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
         sock = _listen(settings.host, settings.port)
     except OSError as e:
         await grpc_server.stop(0)
-        why = "in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e)).lower()
-        _error(f"HTTP: cannot serve on {settings.host}:{settings.port} ({why}); choose another port with --port")
+        if e.errno == errno.EADDRINUSE:
+            _error(f"HTTP: cannot serve on {settings.host}:{settings.port} (in use); choose another port with --port")
+        else:
+            _error(f"HTTP: cannot serve on {settings.host}:{settings.port} ({(e.strerror or str(e)).lower()})")
         return 2
     app = create_app(settings, mode, grpc_server)
     config = uvicorn.Config(
@@ -131,13 +134,17 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
         ssl_keyfile=settings.tls_key_file,
     )
     server = DrainingServer(config, app, settings.drain_grace_s)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+
+    async def run_server() -> None:
+        with contextlib.suppress(SystemExit):  # uvicorn exits the process when its start-up fails: not here
+            await server.serve(sockets=[sock])
+
+    task = asyncio.create_task(run_server())
     while not server.started:
-        if task.done():
-            with contextlib.suppress(SystemExit):  # uvicorn exits on a failed start-up; say why in one line
-                await task
-            _error(f"HTTP: cannot serve on {settings.host}:{settings.port}")
+        if task.done():  # the start-up failed (the lifespan logged why)
+            sock.close()
             await grpc_server.stop(0)
+            _error("the daemon's start-up failed (the log says why)")
             return 2
         await asyncio.sleep(0.02)
     freeze_startup_heap()
@@ -228,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.policy:  # over the configured ones, as every flag is
             settings = settings.model_copy(update={"policies": settings.policies | _policy_args(a.policy)})
             check_daemon_settings(settings)
+        try:
+            ensure_sqlite_parent_dir(settings.database_url())
+        except OSError as e:
+            raise ConfigError(f"[daemon] state_dir: cannot create the database's directory: {e.strerror}") from None
         loop = eventloop.chosen()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -100,7 +100,7 @@ def progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
-        console=err,
+        console=real(err),  # rich enters the console as a context manager: the proxy would not do
         transient=True,
     )
     with bar:

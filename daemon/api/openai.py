@@ -272,8 +272,13 @@ async def _respond(job: _Job, stream: bool, chat: bool, request: Request) -> Res
         return EventStream(_sse(job, chat))
     collect = asyncio.ensure_future(_collect(job))
     gone = asyncio.ensure_future(_disconnect(request))
-    await asyncio.wait((collect, gone), return_when=asyncio.FIRST_COMPLETED)
-    gone.cancel()
+    try:
+        await asyncio.wait((collect, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server gave up on this request (its shutdown): so does the job
+        collect.cancel()
+        raise
+    finally:
+        gone.cancel()
     if not collect.done():  # the client left: stop the request (recorded as cancelled), answer no one
         collect.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -34,7 +34,7 @@ def test_every_process_logs_json_lines_to_one_file(tmp_path: Path):
     assert len({x["pid"] for x in lines}) >= 3
 
 
-def test_a_bad_log_level_is_one_line():
+def test_a_bad_log_level_or_state_dir_is_one_line():
     r = subprocess.run(
         [sys.executable, "-m", "daemon.main", "--log-level", "loud", "--port", "0", "--grpc-port", "0"],
         capture_output=True,
@@ -42,6 +42,13 @@ def test_a_bad_log_level_is_one_line():
         timeout=60,
     )
     assert r.returncode == 2 and "log_level" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    bad_dir = subprocess.run(
+        [sys.executable, "-m", "daemon.main", "--state-dir", "/proc/tetri-nope", "--port", "0", "--grpc-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad_dir.returncode == 2 and "state_dir" in bad_dir.stderr and "Traceback" not in bad_dir.stderr
     up = subprocess.run(
         [sys.executable, "-m", "tetrictl.app", "up", "--log-format", "xml"], capture_output=True, text=True, timeout=60
     )
