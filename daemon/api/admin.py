@@ -134,10 +134,11 @@ def _timeline(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @router.post("/requests/cancel")
-async def cancel_many(request: Request, body: Annotated[BulkCancel | None, Body()] = None) -> dict[str, Any]:
-    """Cancel every in-flight request (whose id starts with `prefix`, when given) at once; the ids cancelled.
-    Finished requests are not touched: only what runs can be cancelled."""
-    ids = await _gw(request).cancel_many(body.prefix if body is not None else "")
+async def cancel_many(request: Request, body: Annotated[BulkCancel, Body()]) -> dict[str, Any]:
+    """Cancel every in-flight request whose id starts with `prefix` (`{}`: all of them) at once; the ids
+    cancelled. A body is required, so that an empty POST cancels nothing. Finished requests are not
+    touched: only what runs can be cancelled."""
+    ids = await _gw(request).cancel_many(body.prefix)
     return {"cancelled": ids, "count": len(ids)}
 
 

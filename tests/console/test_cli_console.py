@@ -184,6 +184,8 @@ def test_cancel_in_bulk(cluster: LiveCluster):
         assert {ok_json(cluster, "requests", "show", rid)["status"] for rid in ids} == {"cancelled"}
         bad = httpx.post(f"{cluster.url}/api/v1/requests/cancel", json={"prefix": 7, "extra": 1})
         assert bad.status_code == 400 and "error" in bad.json()
+        empty = httpx.post(f"{cluster.url}/api/v1/requests/cancel")  # no body: nothing is cancelled
+        assert empty.status_code == 400 and "error" in empty.json()
     finally:
         stop_all([proc])  # the other tests expect two decode instances
         cluster.workers.pop(slow)
