@@ -3,12 +3,14 @@ with sim workers on loopback; `--json` parses, and the exit codes are the docume
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -46,6 +48,23 @@ def fails(r: subprocess.CompletedProcess[str], code: int, needle: str) -> None:
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert needle in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@contextlib.contextmanager
+def slow_decode_instance(cluster: LiveCluster) -> Iterator[str]:
+    """One more decode instance on a real-time clock (minutes for a long answer), removed afterwards: the
+    other tests expect the cluster's two decode instances."""
+    proc, info = cluster.add_worker("decode", time_scale=1.0)
+    slow = info["instance_id"]
+    try:
+        yield slow
+    finally:
+        stop_all([proc])
+        cluster.workers.pop(slow)
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{cluster.url}/api/v1/instances/{slow}").json()["state"] != "unhealthy":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
 
 
 def active_decodes(c: LiveCluster) -> list[str]:
@@ -96,8 +115,11 @@ def test_status_instances_and_requests(cluster: LiveCluster):
 
 
 def test_cancel_an_in_flight_request(cluster: LiveCluster):
-    proc, info = cluster.add_worker("decode", time_scale=1.0)  # a slow decode instance: minutes for this request
-    slow = info["instance_id"]
+    with slow_decode_instance(cluster) as slow:
+        _cancel_one(cluster, slow)
+
+
+def _cancel_one(cluster: LiveCluster, slow: str) -> None:
     result: dict[str, object] = {}
 
     def long_request() -> None:
@@ -112,39 +134,34 @@ def test_cancel_an_in_flight_request(cluster: LiveCluster):
 
     t = threading.Thread(target=long_request)
     t.start()
+
+    def decoding() -> bool:  # on the slow instance: minutes from its end
+        r = httpx.get(f"{cluster.url}/api/v1/requests/to-cancel")
+        assert "resp" not in result, getattr(result["resp"], "text", None)  # it ended before it decoded
+        return r.status_code == 200 and r.json()["phase"] == "decode"
+
+    deadline = time.monotonic() + 20
+    while not decoding():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     try:
-
-        def decoding() -> bool:  # on the slow instance: minutes from its end
-            r = httpx.get(f"{cluster.url}/api/v1/requests/to-cancel")
-            assert "resp" not in result, getattr(result["resp"], "text", None)  # it ended before it decoded
-            return r.status_code == 200 and r.json()["phase"] == "decode"
-
-        deadline = time.monotonic() + 20
-        while not decoding():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        try:
-            doc = ok_json(cluster, "requests", "cancel", "to-cancel")
-        except AssertionError as e:  # it ended before the cancel: say how
-            t.join(10)
-            resp = result.get("resp")
-            raise AssertionError(f"{e}; the request answered {getattr(resp, 'text', None)!r}") from None
-        assert doc == {"id": "to-cancel", "cancelled": True}
-        t.join(60)
-        time.sleep(0.3)
-        assert ok_json(cluster, "requests", "show", "to-cancel")["status"] == "cancelled"
-    finally:
-        stop_all([proc])  # the other tests expect two decode instances
-        cluster.workers.pop(slow)
-        deadline = time.monotonic() + 20
-        while httpx.get(f"{cluster.url}/api/v1/instances/{slow}").json()["state"] != "unhealthy":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        doc = ok_json(cluster, "requests", "cancel", "to-cancel")
+    except AssertionError as e:  # it ended before the cancel: say how
+        t.join(10)
+        resp = result.get("resp")
+        raise AssertionError(f"{e}; the request answered {getattr(resp, 'text', None)!r}") from None
+    assert doc == {"id": "to-cancel", "cancelled": True}
+    t.join(60)
+    time.sleep(0.3)
+    assert ok_json(cluster, "requests", "show", "to-cancel")["status"] == "cancelled"
 
 
 def test_cancel_in_bulk(cluster: LiveCluster):
-    proc, info = cluster.add_worker("decode", time_scale=1.0)  # a slow decode instance: minutes for these
-    slow = info["instance_id"]
+    with slow_decode_instance(cluster) as slow:
+        _cancel_many(cluster, slow)
+
+
+def _cancel_many(cluster: LiveCluster, slow: str) -> None:
     ids = ["bulk-1", "bulk-2", "bulk-3", "other-1"]
 
     def long_request(rid: str) -> None:
@@ -160,39 +177,31 @@ def test_cancel_in_bulk(cluster: LiveCluster):
     threads = [threading.Thread(target=long_request, args=(rid,)) for rid in ids]
     for t in threads:
         t.start()
-    try:
 
-        def decoding(rid: str) -> bool:
-            r = httpx.get(f"{cluster.url}/api/v1/requests/{rid}")
-            return r.status_code == 200 and r.json()["phase"] == "decode"
+    def decoding(rid: str) -> bool:
+        r = httpx.get(f"{cluster.url}/api/v1/requests/{rid}")
+        return r.status_code == 200 and r.json()["phase"] == "decode"
 
-        deadline = time.monotonic() + 20
-        while not all(decoding(rid) for rid in ids):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        fails(ctl(cluster, "requests", "cancel"), exitcodes.USAGE, "--status running")
-        fails(ctl(cluster, "requests", "cancel", "--status", "finished"), exitcodes.USAGE, "only running")
-        fails(ctl(cluster, "requests", "cancel", "bulk-1", "--status", "running"), exitcodes.USAGE, "not both")
-        doc = ok_json(cluster, "requests", "cancel", "--status", "running", "--prefix", "bulk-")
-        assert doc == {"cancelled": ["bulk-1", "bulk-2", "bulk-3"], "count": 3}
-        assert httpx.get(f"{cluster.url}/api/v1/requests/other-1").json()["status"] == "running"
-        human = ctl(cluster, "requests", "cancel", "--status", "running")
-        assert human.returncode == 0 and "cancelled 1 request\n" in human.stdout, human.stdout + human.stderr
-        for t in threads:
-            t.join(60)
-        time.sleep(0.3)
-        assert {ok_json(cluster, "requests", "show", rid)["status"] for rid in ids} == {"cancelled"}
-        bad = httpx.post(f"{cluster.url}/api/v1/requests/cancel", json={"prefix": 7, "extra": 1})
-        assert bad.status_code == 400 and "error" in bad.json()
-        empty = httpx.post(f"{cluster.url}/api/v1/requests/cancel")  # no body: nothing is cancelled
-        assert empty.status_code == 400 and "error" in empty.json()
-    finally:
-        stop_all([proc])  # the other tests expect two decode instances
-        cluster.workers.pop(slow)
-        deadline = time.monotonic() + 20
-        while httpx.get(f"{cluster.url}/api/v1/instances/{slow}").json()["state"] != "unhealthy":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+    deadline = time.monotonic() + 20
+    while not all(decoding(rid) for rid in ids):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    fails(ctl(cluster, "requests", "cancel"), exitcodes.USAGE, "--status running")
+    fails(ctl(cluster, "requests", "cancel", "--status", "finished"), exitcodes.USAGE, "only running")
+    fails(ctl(cluster, "requests", "cancel", "bulk-1", "--status", "running"), exitcodes.USAGE, "not both")
+    doc = ok_json(cluster, "requests", "cancel", "--status", "running", "--prefix", "bulk-")
+    assert doc == {"cancelled": ["bulk-1", "bulk-2", "bulk-3"], "count": 3}
+    assert httpx.get(f"{cluster.url}/api/v1/requests/other-1").json()["status"] == "running"
+    human = ctl(cluster, "requests", "cancel", "--status", "running")
+    assert human.returncode == 0 and "cancelled 1 request\n" in human.stdout, human.stdout + human.stderr
+    for t in threads:
+        t.join(60)
+    time.sleep(0.3)
+    assert {ok_json(cluster, "requests", "show", rid)["status"] for rid in ids} == {"cancelled"}
+    bad = httpx.post(f"{cluster.url}/api/v1/requests/cancel", json={"prefix": 7, "extra": 1})
+    assert bad.status_code == 400 and "error" in bad.json()
+    empty = httpx.post(f"{cluster.url}/api/v1/requests/cancel")  # no body: nothing is cancelled
+    assert empty.status_code == 400 and "error" in empty.json()
 
 
 def test_policy_and_flip_policy(cluster: LiveCluster):
