@@ -12,16 +12,16 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .costmodel import load_profile
-from .des.flipadvisor import SplitAdvisor
-from .des.slo import parse_slos
-from .des.workloads import WorkloadSpecError
 from .scheduling.policyset import PolicyError, PolicySet
+
+if TYPE_CHECKING:
+    from .des.flipadvisor import SplitAdvisor
 
 Role = Literal["prefill", "decode", "colocated"]
 
@@ -327,6 +327,10 @@ def flip_advisor(s: DaemonSettings) -> SplitAdvisor | None:
     ConfigError names a bad one."""
     if s.profile is None:
         return None
+    from .des.flipadvisor import SplitAdvisor  # the simulator: loaded only for a daemon with a profile
+    from .des.slo import parse_slos
+    from .des.workloads import WorkloadSpecError
+
     try:
         profile = load_profile(s.profile, Path(s.profiles_file) if s.profiles_file else None)
     except (ValueError, OSError) as e:
