@@ -191,7 +191,9 @@ class WorkerSettings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="vllm: weight and KV dtype (auto: the model's)."
     )
-    instance_id: str | None = Field(None, description="Instance id; default <role>-<port>.")
+    instance_id: str | None = Field(
+        None, description="Instance id; default worker-<port> (worker-<host>-<port> off loopback)."
+    )
     host: str = Field("127.0.0.1", description="Bind address of the worker's gRPC service.")
     port: int = Field(0, ge=0, le=65535, description="Port of the worker's gRPC service; 0 = any free port.")
     daemon: str = Field("127.0.0.1:50051", description="host:port of the daemon's control-plane gRPC service.")

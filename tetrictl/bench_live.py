@@ -110,6 +110,7 @@ def _result(
 
     recs: list[RequestRecord] = []
     spans: dict[str, list[float]] = {}
+    roles: dict[str, list[str]] = {}
     for r in requests:
         row = rows[ids[r.request_id]]
         if row["status"] != "finished":
@@ -135,16 +136,19 @@ def _result(
         )
         if row["decode_instance"]:
             held = [
-                (row["prefill_instance"], row["prefill_start_ts"], row["first_token_ts"]),
-                (row["decode_instance"], row["first_token_ts"], row["finished_ts"]),
+                (row["prefill_instance"], "prefill", row["prefill_start_ts"], row["first_token_ts"]),
+                (row["decode_instance"], "decode", row["first_token_ts"], row["finished_ts"]),
             ]
         else:  # colocated: one instance from prefill to the last token
-            held = [(row["prefill_instance"], row["prefill_start_ts"], row["finished_ts"])]
-        for inst, a, b in held:
+            held = [(row["prefill_instance"], "colocated", row["prefill_start_ts"], row["finished_ts"])]
+        for inst, role, a, b in held:
             if inst and a is not None and b is not None:
                 ma, mb = a - t0, b - t0
                 span = spans.setdefault(inst, [ma, mb])
                 span[0], span[1] = min(span[0], ma), max(span[1], mb)
-    instances = [InstanceRecord(i, (i.split("-")[0],), s[1] - s[0], s[0], s[1], 0, 0) for i, s in spans.items()]
+                held_as = roles.setdefault(inst, [])
+                if role not in held_as:  # ids name no role: the rows say what each instance served as
+                    held_as.append(role)
+    instances = [InstanceRecord(i, tuple(roles[i]), s[1] - s[0], s[0], s[1], 0, 0) for i, s in spans.items()]
     makespan = max(r.finish for r in recs) - min(r.arrival for r in recs)
     return RunResult(recs, instances, [], preemptions, 0, 0, makespan, 0, gpus)

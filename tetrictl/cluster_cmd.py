@@ -113,7 +113,7 @@ def worker_start(
     time_scale: Annotated[float | None, typer.Option(help="Sim: model seconds per wall second.")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address of the worker's gRPC service.")] = None,
     port: Annotated[int | None, typer.Option(help="Port of the worker's gRPC service (0 = any).")] = None,
-    instance_id: Annotated[str | None, typer.Option(help="Instance id (default <role>-<port>).")] = None,
+    instance_id: Annotated[str | None, typer.Option(help="Instance id (default worker-<port>).")] = None,
     advertise: Annotated[
         str | None, typer.Option(help="host:port others reach this worker at (default: a routable bind address).")
     ] = None,

@@ -110,7 +110,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event | None = None) -> 
             flush=True,
         )
         return 2
-    instance_id = settings.instance_id or f"{settings.role}-{port}"
+    instance_id = settings.instance_id or default_instance_id(address)
     try:
         engine = build_engine(settings, instance_id)
     except ValueError as e:
@@ -189,6 +189,16 @@ def advertised_address(settings: WorkerSettings, port: int) -> str:
 
 
 WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+
+
+def default_instance_id(address: str) -> str:
+    """An id that does not name a role (an instance flips; its id stays): `worker-<port>` on loopback,
+    `worker-<host>-<port>` otherwise, so workers on two hosts with the same port do not collide."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return f"worker-{port}"
+    return f"worker-{host.replace(':', '-')}-{port}"
 
 
 def run(settings: WorkerSettings) -> int:

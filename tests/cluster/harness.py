@@ -60,6 +60,10 @@ class LiveCluster:
         self.worker_ready[info["instance_id"]] = info
         return p, info
 
+    def started_as(self, role: str) -> list[str]:
+        """Ids (sorted) of the workers started in `role`; ids name no role, the ready lines do."""
+        return sorted(i for i in self.workers if self.worker_ready[i]["role"] == role)
+
     def stop(self) -> None:
         stop_all([self.daemon, *self.workers.values()])
 

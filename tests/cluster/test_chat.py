@@ -122,9 +122,10 @@ def test_each_model_is_served_by_its_own_instances(tiny, client: openai.OpenAI) 
     url = tiny[0].url
     ra = httpx.get(f"{url}/api/v1/requests/{a.id}", timeout=10).json()
     rb = httpx.get(f"{url}/api/v1/requests/{b.id}", timeout=10).json()
-    assert ra["model"] == "tetri-sim" and ra["prefill_instance"].startswith("colocated")
-    assert rb["model"] == "tiny" and rb["prefill_instance"].startswith("prefill")
-    assert rb["decode_instance"].startswith("decode")
+    c = tiny[0]
+    assert ra["model"] == "tetri-sim" and [ra["prefill_instance"]] == c.started_as("colocated")
+    assert rb["model"] == "tiny" and [rb["prefill_instance"]] == c.started_as("prefill")
+    assert [rb["decode_instance"]] == c.started_as("decode")
 
 
 def test_unknown_model_unsupported_fields_and_sampling_knobs(client: openai.OpenAI) -> None:

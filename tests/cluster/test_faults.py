@@ -29,7 +29,7 @@ def test_only_decode_worker_dies_mid_request_and_a_replacement_finishes_it(tmp_p
     finishes the stream with exactly the remaining tokens."""
     c = start_cluster(tmp_path, ["prefill", "decode"], time_scale=5.0, env={"TETRI_DAEMON_DEAD_AFTER_S": "1"})
     try:
-        decode_id = next(i for i in c.workers if i.startswith("decode"))
+        decode_id = c.started_as("decode")[0]
         client = openai.OpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0, timeout=60)
         prompt = [1, 2, 3]
         stream = client.completions.create(

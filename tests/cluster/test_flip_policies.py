@@ -65,7 +65,7 @@ def test_flip_under_load_loses_nothing_and_serves_nothing_twice(cluster: LiveClu
 
 
 def _flip_under_load(cluster: LiveCluster, h: httpx.Client) -> None:
-    decode = sorted(i for i in cluster.workers if i.startswith("decode"))[0]
+    decode = cluster.started_as("decode")[0]
 
     async def load() -> list[tuple[str, int, int]]:
         client = openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -113,7 +113,7 @@ def _flip_under_load(cluster: LiveCluster, h: httpx.Client) -> None:
         after = [client.completions.create(model=MODEL, prompt="after the flip", max_tokens=4).id for _ in range(6)]
     recent = list(finished_rows(cluster, after).values())
     assert decode in {r["prefill_instance"] for r in recent}
-    assert {r["decode_instance"] for r in recent} == {sorted(i for i in cluster.workers if i.startswith("decode"))[1]}
+    assert {r["decode_instance"] for r in recent} == {cluster.started_as("decode")[1]}
 
 
 def _long_streams(url: str, n: int) -> threading.Thread:
@@ -134,7 +134,7 @@ def _long_streams(url: str, n: int) -> threading.Thread:
 def test_bad_flips_are_refused_and_change_nothing(cluster: LiveCluster):
     with httpx.Client(base_url=cluster.url, timeout=30) as h:
         assert h.post("/api/v1/instances/nope/flip").status_code == 404
-        d1, d2 = sorted(i for i in cluster.workers if i.startswith("decode"))
+        d1, d2 = cluster.started_as("decode")
         r = h.post(f"/api/v1/instances/{d1}/flip", json={"to": "colocated"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "to"
         assert h.post(f"/api/v1/instances/{d1}/flip", json={"to": "decode"}).status_code == 409
@@ -223,7 +223,7 @@ def test_learned_predictor_trains_from_the_status_table(tmp_path: Path):
 
 
 def test_plan_admission_follows_a_loaded_sorted_f_plan(cluster: LiveCluster):
-    d1 = sorted(i for i in cluster.workers if i.startswith("decode"))[0]
+    d1 = cluster.started_as("decode")[0]
     order = [f"job-{k}" for k in (3, 0, 5, 1, 4, 2)]
     plan = {"memory": 4192, "policy": "sorted-f", "batches": [order]}
     with httpx.Client(base_url=cluster.url, timeout=60) as h:
@@ -232,13 +232,13 @@ def test_plan_admission_follows_a_loaded_sorted_f_plan(cluster: LiveCluster):
         unknown = {"memory": 4192, "batches": [["a", "zz"]], "schedule": [{"id": "a", "start": 0}]}
         bad = h.put(f"/api/v1/instances/{d1}/plan", json=unknown)
         assert bad.status_code == 400 and "names unknown request 'zz'" in bad.json()["error"]["message"]
-        prefill = next(i for i in cluster.workers if i.startswith("prefill"))
+        prefill = cluster.started_as("prefill")[0]
         assert h.put(f"/api/v1/instances/{prefill}/plan", json=plan).status_code == 409
         assert h.put("/api/v1/instances/nope/plan", json=plan).status_code == 404
         r = h.put(f"/api/v1/instances/{d1}/plan", json=plan)
         assert r.status_code == 200 and r.json()["planned"] == 6
         # pin every request to d1 through the other decode instance leaving: flip it to prefill
-        d2 = sorted(i for i in cluster.workers if i.startswith("decode"))[1]
+        d2 = cluster.started_as("decode")[1]
         assert h.post(f"/api/v1/instances/{d2}/flip").status_code == 202
         wait_for(lambda: h.get(f"/api/v1/instances/{d2}").json()["role"] == "prefill")
 

@@ -128,7 +128,7 @@ def test_bad_admin_call_is_a_4xx_in_the_error_shape(c: LiveCluster, method: str,
 
 
 def test_a_plan_with_infinite_numbers_is_a_400(c: LiveCluster):
-    decode = next(i for i in c.workers if i.startswith("decode"))
+    decode = c.started_as("decode")[0]
     plan = raw({"memory": 1000, "schedule": [{"id": "a", "start": "@s@"}]}, s="1e400")
     r = httpx.put(
         f"{c.url}/api/v1/instances/{decode}/plan",

@@ -71,7 +71,7 @@ def test_a_cluster_over_tls(tmp_path: Path):
             while (row := h.get(f"/api/v1/requests/{rid}")).json().get("status") != "finished":  # batched writes
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-            assert row.json()["decode_instance"].startswith("decode")  # it went through the hand-over
+            assert [row.json()["decode_instance"]] == c.started_as("decode")  # it went through the hand-over
         with pytest.raises(httpx.ConnectError):  # a client that does not trust the CA
             httpx.post(c.url + "/v1/completions", json=body, timeout=10)
     finally:

@@ -237,6 +237,8 @@ def test_flip_wait_and_refusals(cluster: LiveCluster):
     row = ok_json(cluster, "flip", decode, "--to", "prefill", "--wait", "--reason", "test")
     assert row["outcome"] == "done" and row["to_role"] == "prefill" and row["reason"] == "test"
     assert ok_json(cluster, "instances", "show", decode)["role"] == "prefill"
+    shown = ctl(cluster, "instances", "ls").stdout  # the id names no role; the role column says what it is now
+    assert decode.startswith("worker-") and re.search(rf"{decode}\s*│\s*prefill", shown), shown
     assert any(f["id"] == row["id"] for f in ok_json(cluster, "flips")["flips"])
     assert "flips" in ctl(cluster, "flips").stdout
     last_decode = active_decodes(cluster)[0]

@@ -43,7 +43,7 @@ def test_the_readme_console_block_runs_as_written(tmp_path: Path):
         for line in lines:
             if line.startswith("tetrictl top"):
                 continue
-            argv = shlex.split(line.replace("decode-50213", decode))
+            argv = shlex.split(line.replace("worker-50213", decode))
             assert argv[0] == "tetrictl"
             r = subprocess.run(
                 [sys.executable, "-m", "tetrictl.app", *argv[1:]], capture_output=True, text=True, timeout=300,

@@ -116,7 +116,7 @@ def test_every_request_finishes_once(name: str, config: ClusterConfig):
     check_conservation(reqs, res)
     if config.mode == "tetri":
         for rec in res.requests:
-            assert rec.prefill_instance == "p0" and rec.decode_instance == "d1"
+            assert rec.prefill_instance == "gpu0" and rec.decode_instance == "gpu1"
             assert rec.decode_start is not None
             assert rec.decode_start >= rec.first_token + COST.transfer_time(rec.prompt_len) - 1e-9
 
@@ -244,36 +244,36 @@ class Scripted:
 
 def test_flip_under_load_loses_and_duplicates_nothing():
     reqs = make_workload("Mixed", 300, seed=7, rate=3.0)
-    watcher = Scripted([(5.0, FlipDecision("p0", "decode", "test")), (15.0, FlipDecision("d3", "prefill", "test"))])
+    watcher = Scripted([(5.0, FlipDecision("gpu0", "decode", "test")), (15.0, FlipDecision("gpu3", "prefill", "test"))])
     cfg = ClusterConfig(instances=4, prefill_instances=2, policy=TETRI_POLICY)
     res = simulate(reqs, cfg, watcher=watcher)
     check_conservation(reqs, res)
     flips = {f.instance_id: f for f in res.flips}
-    assert set(flips) == {"p0", "d3"}
-    p0, d3 = flips["p0"], flips["d3"]
+    assert set(flips) == {"gpu0", "gpu3"}
+    p0, d3 = flips["gpu0"], flips["gpu3"]
     assert p0.started == 5.0 and p0.started <= p0.drained <= p0.done
     assert d3.started == 15.0 and d3.started <= d3.drained <= d3.done
     roles = {i.instance_id: i.roles for i in res.instances}
-    assert roles["p0"] == ("prefill", "decode") and roles["d3"] == ("decode", "prefill")
+    assert roles["gpu0"] == ("prefill", "decode") and roles["gpu3"] == ("decode", "prefill")
     for rec in res.requests:
-        if rec.prefill_instance == "p0":
+        if rec.prefill_instance == "gpu0":
             assert rec.arrival < p0.started and rec.first_token <= p0.drained
-        if rec.decode_instance == "p0":
+        if rec.decode_instance == "gpu0":
             assert rec.first_token >= p0.done  # served as a decode instance only after the flip
-        if rec.decode_instance == "d3":
+        if rec.decode_instance == "gpu3":
             assert rec.first_token < d3.started and rec.finish <= d3.drained
-        if rec.prefill_instance == "d3":
+        if rec.prefill_instance == "gpu3":
             assert rec.arrival >= d3.done
-    assert any(r.decode_instance == "p0" for r in res.requests)
-    assert any(r.prefill_instance == "d3" for r in res.requests)
+    assert any(r.decode_instance == "gpu0" for r in res.requests)
+    assert any(r.prefill_instance == "gpu3" for r in res.requests)
     # the watcher saw d3 draining (its batch took a while to finish), then serving as a prefill instance
-    seen = [(v.state, v.role) for t, views in watcher.views for v in views if v.instance_id == "d3" and t > 15.0]
+    seen = [(v.state, v.role) for t, views in watcher.views for v in views if v.instance_id == "gpu3" and t > 15.0]
     assert ("draining", "decode") in seen and seen[-1] == ("active", "prefill")
 
 
 def test_never_flips_the_last_instance_of_a_role():
     reqs = make_workload("LPLD", 60, seed=1)
-    watcher = Scripted([(1.0, FlipDecision("p0", "decode", "t")), (2.0, FlipDecision("d1", "prefill", "t"))])
+    watcher = Scripted([(1.0, FlipDecision("gpu0", "decode", "t")), (2.0, FlipDecision("gpu1", "prefill", "t"))])
     res = simulate(reqs, ClusterConfig(policy=TETRI_POLICY), watcher=watcher)
     check_conservation(reqs, res)
     assert res.flips == [] and [i.roles for i in res.instances] == [("prefill",), ("decode",)]

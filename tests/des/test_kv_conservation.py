@@ -82,7 +82,7 @@ def test_a_prefill_instance_full_of_unpulled_kv_stops_admitting_prompts():
     held: list[int] = []
 
     def on_plan(iid: str, t: float, plan: IterationPlan) -> None:
-        if iid == "p0":
+        if iid == "gpu0":
             held.append(plan.kv_used)
 
     policy = PolicySet(predictor="oracle", predictor_granularity=1, decode_admission="reserve-static")

@@ -83,7 +83,7 @@ def _live(reqs: Sequence[Request], config: ClusterConfig) -> Trace:
                 await vanilla(engines[0], ereq)
 
         async def cluster() -> None:
-            roles = [("prefill", "p0"), ("decode", "d1")] if config.mode == "tetri" else [("colocated", "c0")]
+            roles = [("prefill", "gpu0"), ("decode", "gpu1")] if config.mode == "tetri" else [("colocated", "gpu0")]
             engines = [engine(role, iid) for role, iid in roles]
             for e in engines:
                 await e.start()
@@ -127,14 +127,14 @@ def test_simulator_and_live_engines_make_the_same_iterations_disaggregated(workl
         random.Random(1).shuffle(order)
         config = dataclasses.replace(config, plan_order=(*order[:40], "never-sent"))
     sim = _simulated(reqs, config)
-    assert sum(len(p.pulled) for _, p in sim["d1"]) == len(reqs)  # every request was pulled once
+    assert sum(len(p.pulled) for _, p in sim["gpu1"]) == len(reqs)  # every request was pulled once
     _assert_same(_live(reqs, config), sim)
 
 
 def test_simulator_and_live_engines_agree_on_a_burst_arriving_at_one_instant():
     reqs = _workload("Mixed", 40, rate=math.inf, seed=11)  # every event of t = 0 is in before anyone plans
     sim = _simulated(reqs, TETRI)
-    assert len(sim["p0"][0][1].pieces) > 1  # the first chunk already merges several prompts
+    assert len(sim["gpu0"][0][1].pieces) > 1  # the first chunk already merges several prompts
     _assert_same(_live(reqs, TETRI), sim)
 
 
@@ -142,7 +142,7 @@ def test_simulator_and_live_engine_make_the_same_iterations_with_chunking_off_an
     reqs = _workload("HPHD", 40, rate=8.0, seed=5)
     config = dataclasses.replace(TETRI, chunked=False)
     sim = _simulated(reqs, config)
-    assert any(p.preempted for _, p in sim["d1"])  # the run exercises preemption and recomputation
+    assert any(p.preempted for _, p in sim["gpu1"])  # the run exercises preemption and recomputation
     _assert_same(_live(reqs, config), sim)
 
 
@@ -160,11 +160,11 @@ def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: Po
     reqs = _workload("Mixed", 48, rate=6.0, seed=7)
     config = ClusterConfig(mode="vanilla", profile=PROFILE, instances=1, policy=policy)
     sim = _simulated(reqs, config)
-    kinds = {p.kind for _, p in sim["c0"]}
+    kinds = {p.kind for _, p in sim["gpu0"]}
     if policy.colocated_schedule == "vllm-v1":  # prefill chunks ride in the decode batches
         assert "mixed" in kinds
     else:
         assert {"prefill", "decode"} <= kinds and "mixed" not in kinds
     if policy.colocated_schedule == "vllm-v0":
-        assert any(p.padding for _, p in sim["c0"])
+        assert any(p.padding for _, p in sim["gpu0"])
     _assert_same(_live(reqs, config), sim)

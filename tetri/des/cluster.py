@@ -210,7 +210,8 @@ class _Sim:
             roles = ["prefill"] * n_p + ["decode"] * (config.instances - n_p)
         else:
             roles = ["colocated"] * config.instances
-        self.instances = [_Instance(f"{r[0]}{i}", i, r, self._scheduler(r)) for i, r in enumerate(roles)]
+        # ids name no role (an instance flips and keeps its id), as the live workers' do
+        self.instances = [_Instance(f"gpu{i}", i, r, self._scheduler(r)) for i, r in enumerate(roles)]
         self.cap = self.instances[0].sched.capacity
         self.by_id = {inst.iid: inst for inst in self.instances}
         self.watcher: FlipWatcher | None = watcher
