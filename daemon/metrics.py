@@ -58,6 +58,13 @@ class Tally(Collector):
         self.counts[bisect_left(self.bounds, value)] += 1  # first bound >= value: Prometheus' `le`
         self.sum += value
 
+    def snapshot(self) -> dict[str, Any]:
+        """The histogram as the admin API gives it: per-bucket counts (`counts[i]`: values at most
+        `bounds[i]` and above the bound before; the last: above every bound), their `count` and `sum`.
+        Two snapshots' difference is the window between them, as Prometheus' rate() takes it."""
+        counts = list(self.counts)
+        return {"bounds": list(self.bounds), "counts": counts, "count": sum(counts), "sum": self.sum}
+
     def collect(self) -> Iterator[Metric]:
         counts, total = list(self.counts), self.sum
         cumulative, running = [], 0
@@ -96,6 +103,10 @@ class Metrics:
         self.predictor_accuracy = Gauge(
             "tetri_predictor_accuracy", "Length predictor bucket accuracy", ["kind"], registry=self.registry
         )
+
+    def latency(self) -> dict[str, dict[str, Any]]:
+        """TTFT, JCT and ITL histograms (seconds, cluster clock) since the daemon started."""
+        return {"ttft_s": self.ttft.snapshot(), "jct_s": self.jct.snapshot(), "itl_s": self.itl.snapshot()}
 
     def watch_predictor(self, service: Any) -> None:
         """Live and held-out accuracy of the length predictor, read at scrape time."""

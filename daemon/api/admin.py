@@ -21,7 +21,7 @@ from tetri.scheduling.policyset import PolicyError
 from ..db.models import Phase, Status
 from ..db.store import REQUEST_COLUMNS
 from ..flips import FlipError
-from ..gateway import Gateway
+from ..gateway import Gateway, Inflight
 from .auth import identity, require_admin
 from .schemas import BulkCancel, errors
 
@@ -36,7 +36,9 @@ def _gw(request: Request) -> Gateway:
 async def cluster(request: Request) -> dict[str, Any]:
     gw = _gw(request)
     store = request.app.state.store
-    counts = await asyncio.to_thread(store.count_by_status)
+    counts, queued = await gw.writer.read_settled(store.count_by_status)
+    for status, change in queued.items():  # finished (or admitted) since the last flush: as the daemon knows it
+        counts[status] = counts.get(status, 0) + change
     instances = gw.cluster.instance_dicts()
     by_role: dict[str, dict[str, int]] = {}
     for inst in instances:
@@ -58,6 +60,7 @@ async def cluster(request: Request) -> dict[str, Any]:
         "inflight": len(gw.inflight),
         "inflight_by_phase": phases,
         "requests_by_status": counts,
+        "latency": request.app.state.metrics.latency(),  # the /metrics histograms, for a dashboard's window
         "max_model_len": gw.max_model_len(),
     }
 
@@ -93,8 +96,24 @@ async def requests(
         offset,
         id_prefix,
     )
-    now = _gw(request).clock.now()
-    return {"requests": rows, "total": total, "limit": limit, "offset": offset, "now": now}
+    gw = _gw(request)
+    for row in rows:  # in flight: as the daemon knows it now, not as of the last flush
+        fl = gw.inflight.get(row["id"])
+        if fl is not None:
+            row.update(_live(fl))
+    return {"requests": rows, "total": total, "limit": limit, "offset": offset, "now": gw.clock.now()}
+
+
+def _live(fl: Inflight) -> dict[str, Any]:
+    """An in-flight request's fields from memory (the status table has them one flush later)."""
+    return {
+        "model": fl.model,
+        "phase": fl.phase.value,
+        "status": Status.RUNNING.value,
+        "prefill_instance": fl.prefill_instance,
+        "decode_instance": fl.decode_instance,
+        "output_tokens": fl.produced,
+    }
 
 
 @router.get("/requests/{request_id}")
@@ -108,14 +127,7 @@ async def one_request(request_id: str, request: Request) -> dict[str, Any]:
     base = row if row is not None else dict.fromkeys(sorted(REQUEST_COLUMNS)) | {"id": request_id}
     out: dict[str, Any] = base | (queued or {})
     if fl is not None:
-        out.update(
-            model=fl.model,
-            phase=fl.phase.value,
-            status=Status.RUNNING.value,
-            prefill_instance=fl.prefill_instance,
-            decode_instance=fl.decode_instance,
-            output_tokens=fl.produced,
-        )
+        out.update(_live(fl))
         out["timeline"] = [{"phase": p, "ts": ts} for p, ts in fl.timeline]
     else:
         out["timeline"] = _timeline(out)

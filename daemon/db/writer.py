@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
@@ -39,6 +39,7 @@ from .store import LOAD_SAMPLE_COLUMNS, REQUEST_COLUMNS, Store
 logger = logging.getLogger(__name__)
 
 MAX_TRIES = 3
+T = TypeVar("T")
 
 
 class WriterClosedError(RuntimeError):
@@ -157,6 +158,36 @@ class BatchWriter:
             for fields in (batch.inserts.get(request_id), batch.updates.get(request_id)):
                 if fields:
                     out = (out or {}) | fields
+        return out
+
+    async def read_settled(self, read: Callable[[], T]) -> tuple[T, dict[str, int]]:
+        """`read()` (a status-table query, run in a thread) with no flush in progress, and the status
+        counts still queued behind what it read: {status: change}; an insert is +1 to its status, an update
+        that ends a running request -1 `running` and +1 its status. Laid over the table's counts they count
+        every request as the daemon knows it now (one that just finished is not `running` any more)."""
+        self._ensure_primitives()
+        assert self._lock is not None
+        async with self._lock:  # no batch is half-written: the table and what is queued do not overlap
+            out = await asyncio.to_thread(read)
+            return out, self._queued_status_changes()
+
+    def _queued_status_changes(self) -> dict[str, int]:
+        latest: dict[str, tuple[bool, str]] = {}  # request id → (its insert is queued, its latest status)
+        for batch in (self._retry, self._pending):  # oldest first; `_writing` is None under the lock
+            if batch is None:
+                continue
+            for rid, fields in batch.inserts.items():  # updates to a queued insert are merged into it
+                latest[rid] = (True, fields.get("status", "running"))
+            for rid, fields in batch.updates.items():
+                if "status" in fields:
+                    latest[rid] = (latest.get(rid, (False, ""))[0], fields["status"])
+        out: dict[str, int] = {}
+        for inserted, status in latest.values():
+            if not inserted:
+                if status == "running":
+                    continue
+                out["running"] = out.get("running", 0) - 1
+            out[status] = out.get(status, 0) + 1
         return out
 
     def inserting(self, request_id: str) -> bool:

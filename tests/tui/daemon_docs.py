@@ -38,7 +38,7 @@ def instance(k: int) -> dict[str, Any]:
     cap = 3408
     used = (k * 397) % cap
     return {
-        "id": f"{role}-{k:02d}",
+        "id": f"worker-{k:02d}",
         "role": role,
         "state": state,
         "address": f"10.0.0.{k}:7000",
@@ -75,18 +75,27 @@ def request(i: int) -> dict[str, Any]:
         "output_tokens": 40 + (i * 53) % 400,
         "ttft_ms": 120.0 + (i % 7) * 10 if done else None,
         "jct_ms": 2000.0 + (i % 13) * 300 if done else None,
-        "prefill_instance": f"prefill-{i % 16:02d}",
-        "decode_instance": f"decode-{16 + i % 48:02d}",
+        "prefill_instance": f"worker-{i % 16:02d}",
+        "decode_instance": f"worker-{16 + i % 48:02d}",
         "predicted_lo": 200 * ((40 + (i * 53) % 400) // 200) + 1,
         "predicted_hi": 200 * ((40 + (i * 53) % 400) // 200 + 1),
-        "error": "worker decode-40 went away" if done and i % 97 == 0 else None,
+        "error": "worker worker-40 went away" if done and i % 97 == 0 else None,
     }
 
 
 REQUESTS = [request(i) for i in reversed(range(N_REQUESTS))]  # newest first, as the daemon lists them
 
 
-def _cluster() -> dict[str, Any]:
+BOUNDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]  # the daemon's buckets
+
+
+def _histogram(per_call: list[int], mean_s: float, calls: int) -> dict[str, Any]:
+    """A daemon histogram after `calls` refreshes that each saw `per_call` (counts by bucket)."""
+    counts = [n * calls for n in per_call]
+    return {"bounds": BOUNDS, "counts": counts, "count": sum(counts), "sum": mean_s * sum(counts)}
+
+
+def _cluster(calls: int) -> dict[str, Any]:
     by_status: dict[str, int] = {}
     for r in REQUESTS:
         by_status[r["status"]] = by_status.get(r["status"], 0) + 1
@@ -98,6 +107,11 @@ def _cluster() -> dict[str, Any]:
         "inflight": by_status.get("running", 0),
         "inflight_by_phase": {"decode": 500, "prefill": 500},
         "requests_by_status": by_status,
+        "latency": {  # grows each call: the dashboard's window (between two refreshes) sees per_call
+            "ttft_s": _histogram([0, 0, 0, 0, 3, 30, 6, 1, 0, 0, 0, 0, 0, 0, 0], 0.21, calls),
+            "jct_s": _histogram([0, 0, 0, 0, 0, 0, 0, 2, 12, 20, 4, 2, 0, 0, 0], 4.6, calls),
+            "itl_s": _histogram([0, 0, 0, 900, 80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0.048, calls),
+        },
         "max_model_len": 2048,
     }
 
@@ -117,10 +131,21 @@ def _detail(rid: str) -> dict[str, Any] | None:
     return r | {"timeline": [{"phase": p, "ts": r[k]} for p, k in points if r[k] is not None]}
 
 
+class Handler:
+    """Answers the dashboard's calls; counts /cluster calls, so the latency histograms grow each one."""
+
+    def __init__(self) -> None:
+        self.cluster_calls = 0
+
+    def __call__(self, req: httpx.Request) -> httpx.Response:
+        if req.method == "GET" and req.url.path == "/api/v1/cluster":
+            self.cluster_calls += 1
+            return httpx.Response(200, json=_cluster(self.cluster_calls))
+        return handle(req)
+
+
 def handle(req: httpx.Request) -> httpx.Response:
     path, q = req.url.path, req.url.params
-    if req.method == "GET" and path == "/api/v1/cluster":
-        return httpx.Response(200, json=_cluster())
     if req.method == "GET" and path == "/api/v1/instances":
         return httpx.Response(200, json={"instances": [instance(k) for k in range(N_INSTANCES)]})
     if req.method == "GET" and path == "/api/v1/policies":
@@ -140,4 +165,4 @@ def handle(req: httpx.Request) -> httpx.Response:
 
 
 def transport() -> httpx.MockTransport:
-    return httpx.MockTransport(handle)
+    return httpx.MockTransport(Handler())

@@ -18,13 +18,16 @@ SIZE = (160, 48)
 
 def make_app() -> TopApp:
     client = TetriClient(Target("http://daemon.test", None), transport=transport())
-    return TopApp(client, refresh_s=3600)  # one refresh at start: the sparklines hold one sample
+    return TopApp(client, refresh_s=3600)  # no timer refresh: `loaded` refreshes twice, so the same screen
 
 
 async def loaded(pilot: Pilot) -> None:
     app = pilot.app
     assert isinstance(app, TopApp)
     while not (app.connected and app.query_one("#requests", DataTable).row_count):
+        await pilot.pause(0.05)
+    app.refresh_data()  # a second refresh: a latency window (the histograms grew between the two)
+    while len(app.history.snapshots) < 2:
         await pilot.pause(0.05)
     await pilot.pause(0.3)  # the highlighted request's timeline
     await pilot.wait_for_scheduled_animations()
@@ -82,5 +85,45 @@ def test_64_instances_and_10000_requests_page_and_filter():
                 await pilot.press("right_square_bracket")
             await pilot.pause(0.3)
             assert app.page == 9  # the last page, not past it
+
+    asyncio.run(go())
+
+
+def test_cells_that_grow_widen_their_column():
+    """KV from 0% to 100%, a load sparkline from one sample to twelve, a longer id: updated in place, every
+    cell shows whole (a column keeps the width of its first contents otherwise: `100` for `100%`)."""
+
+    async def go() -> None:
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            table = app.query_one("#instances", DataTable)
+            for _ in range(12):
+                for inst in app.instances:
+                    inst |= {"kv_usage": 1.0, "queued": 123_456, "state": "unhealthy"}
+                app.history.add_instances(app.instances)
+                app.show_instances()
+            await pilot.pause(0.1)
+            row = [str(c) for c in table.get_row("worker-00")]
+            assert row[5] == "100%" and len(row[7]) == 12 and row[3] == "123,456"
+            for col, cell in zip(table.columns.values(), row, strict=True):
+                assert col.content_width >= len(cell), (col.label, cell)
+
+    asyncio.run(go())
+
+
+def test_latency_window_is_the_daemon_histograms_between_refreshes():
+    """Between two refreshes each histogram grew by `per_call` of daemon_docs: 40 TTFTs, mostly in
+    (0.1, 0.25] s; the label shows their mean and Prometheus-style quantiles."""
+
+    async def go() -> None:
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            ttft = app.history.ttft
+            assert ttft is not None and ttft.count == 40 and abs(ttft.mean - 0.21) < 1e-9
+            assert 0.1 < ttft.p50 <= 0.25 and 0.5 < ttft.p99 <= 1.0
+            label = str(app.query_one("#ttft-label", Label).render())
+            assert label == "TTFT ms (10 s, 40 req): mean 210 · p50 185 · p99 800"
 
     asyncio.run(go())

@@ -119,6 +119,46 @@ def test_policy_change_from_the_dashboard(cluster: LiveCluster):
     run(go())
 
 
+def test_output_counts_while_running_and_latency_from_the_daemon(tmp_path: Path):
+    """A running request's output cell counts up as it streams (it showed 0 until the end); the TTFT and
+    JCT labels are the daemon's histograms over the window: exactly the three requests sent."""
+    cluster = start_cluster(tmp_path, ["prefill", "decode"], time_scale=1.0)  # 600 tokens: about 3 s
+
+    async def go() -> None:
+        async with TetriClient(Target(cluster.url, None)) as c:
+            app = TopApp(c, refresh_s=0.25)
+            async with app.run_test(size=SIZE) as pilot:
+                await until(lambda: len(app.history.snapshots) >= 2, pilot)  # the window starts before the sends
+                body = {"model": "tetri-sim", "prompt": [2] * 20, "max_tokens": 600, "ignore_eos": True}
+                sends = [asyncio.create_task(c.complete(body, timeout=120)) for _ in range(3)]
+                table = app.query_one("#requests", DataTable)
+                counts: dict[str, set[int]] = {}
+
+                def counting() -> bool:
+                    for key in table.rows:
+                        row = [str(v) for v in table.get_row(key)]
+                        if row[1] in ("prefill", "transfer", "decode"):  # running: its phase
+                            counts.setdefault(str(key.value), set()).add(int(row[3].replace(",", "")))
+                    return any(len(v) >= 3 for v in counts.values())
+
+                await until(counting, pilot, timeout=60)
+                assert all(0 <= n < 600 for v in counts.values() for n in v)
+                await asyncio.gather(*sends)
+
+                def windowed() -> bool:
+                    t, j = app.history.ttft, app.history.jct
+                    return t is not None and j is not None and t.count == j.count == 3
+
+                await until(windowed, pilot)
+                label = str(app.query_one("#jct-label").render())
+                assert label.startswith("JCT ms (10 s, 3 req): mean "), label
+
+    try:
+        run(go())
+    finally:
+        cluster.stop()
+
+
 def test_replay_view_advances(cluster: LiveCluster, tmp_path: Path):
     # ≈ 1,300-token requests on a 4,192-token decode instance: three at a time, seven waves of seconds each
     rows = [{"id": f"r{k}", "prompt_tokens": 30, "output_tokens": 1100 + 100 * (k % 5)} for k in range(20)]

@@ -21,7 +21,16 @@ from tetri.planner.workload import WorkloadError
 
 from ..client import ClientError, TetriClient, Unreachable
 from ..replay import Progress, Replay, backlog
-from .model import INSTANCE_COLUMNS, REQUEST_COLUMNS, History, instance_cells, request_cells, timeline_text
+from .model import (
+    INSTANCE_COLUMNS,
+    REQUEST_COLUMNS,
+    WINDOW_S,
+    History,
+    instance_cells,
+    request_cells,
+    timeline_text,
+    window_text,
+)
 from .replay_screen import ReplayScreen
 from .screens import ConfirmScreen, HelpScreen, PolicyScreen
 
@@ -49,7 +58,7 @@ class TopApp(App[None]):
         self.client = client
         self.refresh_s = refresh_s
         self.plan_path = plan_path
-        self.history = History()
+        self.history = History(samples=max(1, round(WINDOW_S / refresh_s)))
         self.instances: list[dict[str, Any]] = []
         self.policies: dict[str, Any] = {}
         self.status_filter: str | None = None
@@ -73,9 +82,9 @@ class TopApp(App[None]):
                 yield Label("instances", classes="section")
                 yield DataTable(id="instances", cursor_type="row", zebra_stripes=True)
             with Vertical(id="right"):
-                yield Label("cluster TTFT (ms, mean of the latest 50 finished)", id="ttft-label", classes="section")
+                yield Label("cluster TTFT", id="ttft-label", classes="section")
                 yield Sparkline([], id="ttft")
-                yield Label("cluster JCT (ms)", id="jct-label", classes="section")
+                yield Label("cluster JCT", id="jct-label", classes="section")
                 yield Sparkline([], id="jct")
                 yield Static("", id="summary")
         with Horizontal(id="bottom"):
@@ -112,7 +121,6 @@ class TopApp(App[None]):
             instances = await self.client.instances()
             policies = await self.client.policies()
             page = await self.client.requests(status=self.status_filter, limit=PAGE, offset=self.page * PAGE)
-            finished = await self.client.requests(status="finished", limit=50)
         except ClientError as e:
             self.connected = False
             self.sub_title = f"⚠ {e.message} — retrying every {self.refresh_s:g}s"
@@ -124,7 +132,7 @@ class TopApp(App[None]):
         self.instances = instances
         self.policies = policies["policies"]
         self.history.add_instances(instances)
-        self.history.add_finished(finished["requests"])
+        self.history.add_latency(cluster["latency"])
         self.show_instances()
         self.show_cluster(cluster, policies)
         self.show_requests(page)
@@ -143,15 +151,13 @@ class TopApp(App[None]):
             return
         for inst in self.instances:  # same rows: update cells in place (keeps the cursor and scroll)
             for col, value in zip(table.columns, instance_cells(inst, self.history), strict=True):
-                table.update_cell(inst["id"], col, value)
+                table.update_cell(inst["id"], col, value, update_width=True)  # 100%, a longer sparkline
 
     def show_cluster(self, cluster: dict[str, Any], policies: dict[str, Any]) -> None:
         self._w("#ttft", Sparkline).data = list(self.history.ttft_ms)
         self._w("#jct", Sparkline).data = list(self.history.jct_ms)
-        ttft = f"{self.history.ttft_ms[-1]:,.0f}" if self.history.ttft_ms else "—"
-        jct = f"{self.history.jct_ms[-1]:,.0f}" if self.history.jct_ms else "—"
-        self._w("#ttft-label", Label).update(f"cluster TTFT {ttft} ms (mean of the latest 50 finished)")
-        self._w("#jct-label", Label).update(f"cluster JCT {jct} ms")
+        self._w("#ttft-label", Label).update(window_text("TTFT", self.history.ttft))
+        self._w("#jct-label", Label).update(window_text("JCT", self.history.jct))
         p = policies["policies"]
         byst = " · ".join(f"{k} {v:,}" for k, v in sorted(cluster["requests_by_status"].items())) or "no requests yet"
         roles = " · ".join(f"{r} {v['active']}/{v['total']}" for r, v in sorted(cluster["instances"].items()))
@@ -177,7 +183,7 @@ class TopApp(App[None]):
         else:
             for r in rows:
                 for col, value in zip(table.columns, request_cells(r), strict=True):
-                    table.update_cell(r["id"], col, value)
+                    table.update_cell(r["id"], col, value, update_width=True)
         pages = max(1, -(-self.total_requests // PAGE))
         filt = self.status_filter or "all"
         self._w("#requests-label", Label).update(

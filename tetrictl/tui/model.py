@@ -31,25 +31,85 @@ def spark(values: Iterable[float], width: int = 12, top: float = 1.0) -> str:
     return "".join(BLOCKS[min(len(BLOCKS) - 1, round(v / hi * (len(BLOCKS) - 1)))] for v in vals)
 
 
+WINDOW_S = 10.0  # the cluster TTFT/JCT window: the daemon's histograms, differenced over this long
+
+
+def quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float | None:
+    """The q-quantile of a histogram as Prometheus' histogram_quantile() estimates it: linear within the
+    bucket it falls in (from 0 for the first); in the last (above every bound), the highest bound."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank, seen = q * total, 0
+    for i, n in enumerate(counts):
+        if n and seen + n >= rank:
+            if i == len(bounds):
+                return bounds[-1]
+            lo = bounds[i - 1] if i else 0.0
+            return lo + (bounds[i] - lo) * (rank - seen) / n
+        seen += n
+    return bounds[-1]
+
+
+@dataclass(frozen=True)
+class Window:
+    """One latency histogram over a window: how many requests, their mean, p50 and p99 (seconds)."""
+
+    count: int
+    mean: float
+    p50: float
+    p99: float
+
+    @classmethod
+    def between(cls, old: dict[str, Any], new: dict[str, Any]) -> Window | None:
+        """The requests observed between two snapshots of one daemon histogram (`latency` in
+        /api/v1/cluster); None when there were none (or the daemon restarted and its counts fell)."""
+        counts = [b - a for a, b in zip(old["counts"], new["counts"], strict=True)]
+        n = sum(counts)
+        if n <= 0 or min(counts) < 0:
+            return None
+        p50, p99 = (quantile(q, new["bounds"], counts) or 0.0 for q in (0.5, 0.99))
+        return cls(n, (new["sum"] - old["sum"]) / n, p50, p99)
+
+
 @dataclass
 class History:
-    """Rolling samples: per-instance load, cluster TTFT and JCT (means over the latest finished requests)."""
+    """Rolling samples: per-instance load, and the cluster's TTFT and JCT over the last `WINDOW_S`,
+    from the daemon's histograms (the same ones /metrics exports)."""
 
+    samples: int = 20  # latency snapshots kept: WINDOW_S over the refresh period
     loads: dict[str, deque[float]] = field(default_factory=dict)
     ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
     jct_ms: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    snapshots: deque[dict[str, Any]] = field(default_factory=deque)
+    ttft: Window | None = None
+    jct: Window | None = None
 
     def add_instances(self, instances: Sequence[dict[str, Any]]) -> None:
         for inst in instances:
             self.loads.setdefault(inst["id"], deque(maxlen=HISTORY)).append(load(inst))
 
-    def add_finished(self, rows: Sequence[dict[str, Any]]) -> None:
-        ttft = [r["ttft_ms"] for r in rows if r.get("ttft_ms") is not None]
-        jct = [r["jct_ms"] for r in rows if r.get("jct_ms") is not None]
-        if ttft:
-            self.ttft_ms.append(sum(ttft) / len(ttft))
-        if jct:
-            self.jct_ms.append(sum(jct) / len(jct))
+    def add_latency(self, latency: dict[str, Any]) -> None:
+        """One refresh's `latency` document; the window is from the oldest snapshot kept to this one."""
+        self.snapshots.append(latency)
+        while len(self.snapshots) > self.samples + 1:
+            self.snapshots.popleft()
+        old = self.snapshots[0]
+        self.ttft = Window.between(old["ttft_s"], latency["ttft_s"])
+        self.jct = Window.between(old["jct_s"], latency["jct_s"])
+        if self.ttft is not None:
+            self.ttft_ms.append(1000 * self.ttft.mean)
+        if self.jct is not None:
+            self.jct_ms.append(1000 * self.jct.mean)
+
+
+def window_text(name: str, w: Window | None) -> str:
+    """A latency label (fits the cluster pane at 160 columns): how many requests the window holds, and
+    their mean, p50 and p99 in ms."""
+    if w is None:
+        return f"{name} ms ({WINDOW_S:g} s): none finished"
+    ms = [f"{1000 * v:,.0f}" for v in (w.mean, w.p50, w.p99)]
+    return f"{name} ms ({WINDOW_S:g} s, {w.count:,} req): mean {ms[0]} · p50 {ms[1]} · p99 {ms[2]}"
 
 
 def instance_cells(inst: dict[str, Any], history: History) -> tuple[str, ...]:
@@ -66,23 +126,24 @@ def instance_cells(inst: dict[str, Any], history: History) -> tuple[str, ...]:
 
 
 INSTANCE_COLUMNS = ("instance", "role", "state", "queue", "running", "KV", "tok/s", "load")
-REQUEST_COLUMNS = ("request", "phase", "status", "prompt", "output", "TTFT ms", "JCT ms", "prefill", "decode")
+# fits the requests pane at 160 columns (no sideways scrolling); the detail pane has both instances
+REQUEST_COLUMNS = ("request", "state", "prompt", "output", "TTFT ms", "JCT ms", "instance")
 
 
 def request_cells(r: dict[str, Any]) -> tuple[str, ...]:
+    """A request's row: its phase while it runs, else how it ended; the instance serving it (last)."""
+
     def ms(v: Any) -> str:
         return "—" if v is None else f"{v:,.0f}"
 
     return (
         r["id"],
-        r["phase"],
-        r["status"],
+        r["phase"] if r["status"] == "running" else r["status"],
         f"{r['prompt_tokens']:,}",
         f"{r['output_tokens'] or 0:,}",
         ms(r.get("ttft_ms")),
         ms(r.get("jct_ms")),
-        r.get("prefill_instance") or "—",
-        r.get("decode_instance") or "—",
+        r.get("decode_instance") or r.get("prefill_instance") or "—",
     )
 
 
