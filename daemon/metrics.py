@@ -16,6 +16,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from .db.models import Phase
+
+IN_FLIGHT = tuple(p.value for p in Phase if p != Phase.DONE)
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -26,8 +29,8 @@ class _ClusterCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         instances, phases = self.source()
         depth = GaugeMetricFamily("tetri_queue_depth", "Requests in flight by phase", labels=["phase"])
-        for phase, n in phases.items():
-            depth.add_metric([phase], n)
+        for phase in IN_FLIGHT:  # every phase, 0 included: a series that vanishes at 0 graphs as a gap
+            depth.add_metric([phase], phases.get(phase, 0))
         yield depth
         specs = [
             ("tetri_instance_queued", "Requests queued on the instance", "queued"),
