@@ -30,6 +30,10 @@ def test_advise_on_a_trace_prints_one_document_with_the_advice(tmp_path: Path):
     assert doc["advice"]["outcome"]["goodput_rps"] >= doc["best_colocated"]["outcome"]["goodput_rps"]
     table = tetrictl("advise", "--trace", str(trace), "--gpus", "2", "--chunks", "192")
     assert table.returncode == 0 and "best colocated" in table.stdout
+    split = tetrictl("advise", "--trace", str(trace), "--gpus", "2", "--chunks", "192", "--mode", "disaggregated")
+    assert split.returncode == 0 and "1P+1D" in split.stdout and "best colocated" not in split.stdout
+    only = json.loads(tetrictl("advise", "--trace", str(trace), "--gpus", "2", "--mode", "colocated", "--json").stdout)
+    assert {c["mode"] for c in only["candidates"]} == {"colocated"} and only["best_disaggregated"] is None
 
 
 @pytest.mark.parametrize(
@@ -42,6 +46,8 @@ def test_advise_on_a_trace_prints_one_document_with_the_advice(tmp_path: Path):
         (["--workload", "XPXD", "--rate", "5"], "unknown workload"),
         (["--trace", "NOTUTF8"], "not UTF-8 text"),
         (["--trace", "/nonexistent.jsonl"], "cannot read"),
+        (["--workload", "Mixed", "--rate", "5", "--mode", "sideways"], "--mode must be any, colocated or"),
+        (["--workload", "Mixed", "--rate", "5", "--gpus", "1", "--mode", "disaggregated"], "needs at least 2 GPUs"),
     ],
 )
 def test_bad_advise_input_exits_2_with_one_line(args: list[str], needle: str, tmp_path: Path):

@@ -78,6 +78,12 @@ def advise_cmd(
         str | None, typer.Option("--chunks", help="ChunkSizes to try (default: the profile's, 256, 512, 1024).")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the named mix and the simulator.")] = 0,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode", help="Setups to consider: any, disaggregated (a split for a running P/D cluster) or colocated."
+        ),
+    ] = "any",
     apply: Annotated[
         bool, typer.Option("--apply", help="Make the live cluster at --url run the advice (policies, then flips).")
     ] = False,
@@ -91,7 +97,7 @@ def advise_cmd(
     workload, with the expected goodput, TTFT/TPOT percentiles and $ per million tokens beside the best
     colocated setup (the simulator, the workload's own arrivals). --apply: set the policies and flip
     instances on the live cluster to match (audited like any policy change and flip)."""
-    from tetri.des.advise import AdviceSpec, advise
+    from tetri.des.advise import MODES, AdviceSpec, advise
     from tetri.des.slo import parse_slos
 
     from .sweep_cmd import ints
@@ -105,6 +111,7 @@ def advise_cmd(
             chunks=ints(chunks, "--chunks") if chunks else (),
             baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
             seed=seed,
+            modes=MODES if mode.strip().lower() == "any" else (mode.strip().lower(),),
         )
         requests = _requests(trace, workload, rate, n, seed, profile)
     tgt = target(url, token, config) if apply else None
@@ -123,6 +130,8 @@ def advise_cmd(
 def render(doc: dict[str, Any]) -> None:
     rows = []
     for label, setup in (("advice", doc["advice"]), ("best colocated", doc["best_colocated"])):
+        if setup is None:  # --mode disaggregated: no colocated setup was tried
+            continue
         o = setup["outcome"]
         rows.append(
             (

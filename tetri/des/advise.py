@@ -34,6 +34,8 @@ from .workloads import Request, WorkloadSpecError
 Runner = Callable[[Sequence[Request], ClusterConfig], RunResult]
 Progress = Callable[[int, int], None]
 
+MODES = ("colocated", "disaggregated")
+
 
 @dataclass(frozen=True)
 class AdviceSpec:
@@ -46,6 +48,7 @@ class AdviceSpec:
     admissions: tuple[str, ...] = ("greedy", "reserve-dynamic")
     baselines: tuple[str, ...] = BASELINES
     seed: int = 0
+    modes: tuple[str, ...] = MODES  # which kinds of setup to consider (a running cluster's own: --mode)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -54,6 +57,10 @@ class AdviceSpec:
             raise WorkloadSpecError(f"the price must be positive, got {self.price}")
         if any(c < 1 for c in self.chunks):
             raise WorkloadSpecError(f"--chunks: each ChunkSize must be at least 1 token, got {list(self.chunks)}")
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise WorkloadSpecError(f"--mode must be any, {' or '.join(MODES)}, got {','.join(self.modes) or 'none'}")
+        if self.modes == ("disaggregated",) and self.gpus < 2:
+            raise WorkloadSpecError(f"a disaggregated setup needs at least 2 GPUs, got --gpus {self.gpus}")
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad or not self.baselines:
             raise WorkloadSpecError(f"unknown baseline {bad[0] if bad else ''!r} (choose from {', '.join(BASELINES)})")
@@ -70,10 +77,10 @@ class AdviceSpec:
     def candidates(self) -> list[dict[str, Any]]:
         """Every setup to try: the colocated baselines, then TetriInfer's (a disaggregated setup needs 2 GPUs)."""
         out: list[dict[str, Any]] = []
-        for b in self.baselines:
+        for b in self.baselines if "colocated" in self.modes else ():
             pol = PolicySet(colocated_schedule=b)
             out.append({"mode": "colocated", "colocated": self.gpus, "baseline": b, "policies": pol.to_dict()})
-        for p in range(1, self.gpus):
+        for p in range(1, self.gpus) if "disaggregated" in self.modes else ():
             for chunk in self.chunk_sizes():
                 for order in self.prefill_policies:
                     for admission in self.admissions:
@@ -146,10 +153,15 @@ def advise(
         tried.append(setup | {"outcome": outcome(runner(requests, _config(spec, setup)), spec.slo, spec.price, rate)})
         if progress is not None:
             progress(k + 1, len(setups))
-    colocated = max((t for t in tried if t["mode"] == "colocated"), key=lambda t: score(t["outcome"]))
+    coloc = [t for t in tried if t["mode"] == "colocated"]
+    colocated = max(coloc, key=lambda t: score(t["outcome"])) if coloc else None
     disagg = [t for t in tried if t["mode"] == "disaggregated"]
     best_disagg = max(disagg, key=lambda t: score(t["outcome"])) if disagg else None
-    advice = best_disagg if best_disagg and score(best_disagg["outcome"]) > score(colocated["outcome"]) else colocated
+    if colocated is None or (best_disagg and score(best_disagg["outcome"]) > score(colocated["outcome"])):
+        advice = best_disagg
+    else:
+        advice = colocated
+    assert advice is not None  # AdviceSpec has at least one kind of setup, and GPUs for it
     return {
         "profile": spec.profile,
         "gpus": spec.gpus,
