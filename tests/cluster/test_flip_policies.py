@@ -109,9 +109,16 @@ def _flip_under_load(cluster: LiveCluster, h: httpx.Client) -> None:
     inst = h.get(f"/api/v1/instances/{decode}").json()
     assert inst["role"] == "prefill" and inst["state"] == "active"
     # the flipped instance now takes prefill work; the remaining decode instance takes every hand-over
-    with openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0) as client:
-        after = [client.completions.create(model=MODEL, prompt="after the flip", max_tokens=4).id for _ in range(6)]
-    recent = list(finished_rows(cluster, after).values())
+    # (at once: least-loaded routing spreads them over both prefill instances; one at a time, every one
+    # would go to whichever id sorts first, the tie-break)
+    async def after_flip() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0) as client:
+            done = await asyncio.gather(
+                *(client.completions.create(model=MODEL, prompt="after the flip", max_tokens=4) for _ in range(8))
+            )
+        return [r.id for r in done]
+
+    recent = list(finished_rows(cluster, asyncio.run(after_flip())).values())
     assert decode in {r["prefill_instance"] for r in recent}
     assert {r["decode_instance"] for r in recent} == {cluster.started_as("decode")[1]}
 
