@@ -34,10 +34,11 @@ class LiveCluster:
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every process started
     ready: dict = field(default_factory=dict)  # the daemon's ready line
     worker_ready: dict[str, dict] = field(default_factory=dict)  # instance id -> the worker's ready line
+    db: str | None = None  # the daemon's --db-url; None: SQLite in the state directory
 
     @property
     def db_url(self) -> str:
-        return f"sqlite:///{(self.state_dir / 'tetri.db').as_posix()}"
+        return self.db or f"sqlite:///{(self.state_dir / 'tetri.db').as_posix()}"
 
     def add_worker(
         self,
@@ -80,8 +81,11 @@ def start_cluster(
     env: dict[str, str] | None = None,
     daemon_stderr: IO[str] | None = None,
     daemon_profile: bool = True,
+    db_url: str | None = None,
 ) -> LiveCluster:
     args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state_dir), "--mode", mode, "--host", host]
+    if db_url is not None:
+        args += ["--db-url", db_url]
     args += ["--time-scale", str(time_scale)]  # one cluster clock: the daemon runs the workers' scale
     if daemon_profile:  # the workers' profile, as `tetrictl up` passes it (the advise flip policy's model)
         args += ["--profile", profile]
@@ -89,7 +93,9 @@ def start_cluster(
         args += ["--token", token]
     daemon = spawn("daemon.main", args, env, daemon_stderr)
     ready = wait_ready(daemon, "daemon")
-    cluster = LiveCluster(ready["url"], ready["grpc"], state_dir, daemon, token=token, env=dict(env or {}), ready=ready)
+    cluster = LiveCluster(
+        ready["url"], ready["grpc"], state_dir, daemon, token=token, env=dict(env or {}), ready=ready, db=db_url
+    )
     try:
         for role in roles:
             cluster.add_worker(role, profile, time_scale)

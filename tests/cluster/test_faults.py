@@ -118,9 +118,15 @@ def test_worker_with_wrong_token_is_refused(tmp_path: Path):
         c.stop()
 
 
-def test_restart_marks_in_flight_requests_interrupted(tmp_path: Path):
-    c = start_cluster(tmp_path, ["colocated"], mode="colocated", time_scale=2.0)
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_restart_marks_in_flight_requests_interrupted(store: str, tmp_path: Path, request: pytest.FixtureRequest):
+    """kill -9 of the daemon under load, then a restart on the same store: the streams in flight are
+    `interrupted`, every request that had finished is still there as it ended, nothing else changed."""
+    db = request.getfixturevalue("pg").new_database() if store == "postgresql" else None
+    c = start_cluster(tmp_path, ["colocated"], mode="colocated", time_scale=2.0, db_url=db)
     ids: list[str] = []
+    done: list[str] = []
+    before: dict[str, dict] = {}
 
     async def streams_then_kill() -> None:
         async with httpx.AsyncClient(base_url=c.url, timeout=30) as h:
@@ -135,11 +141,16 @@ def test_restart_marks_in_flight_requests_interrupted(tmp_path: Path):
                         if line.startswith("data: {") and len(ids) < 3 and json.loads(line[6:])["id"] not in ids:
                             ids.append(json.loads(line[6:])["id"])
 
+            for k in range(8):  # finished before the crash: must come back exactly as they ended
+                r = await h.post("/v1/completions", json={"model": MODEL, "prompt": [5, k], "max_tokens": 4 + k})
+                done.append(r.json()["id"])
             tasks = [asyncio.create_task(one()) for _ in range(3)]
             while len(ids) < 3:
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.3)  # a few flush intervals: the rows are in the table as running
-            assert {all_rows(c.db_url)[i]["status"] for i in ids} == {"running"}
+            before.update(all_rows(c.db_url))
+            assert {before[i]["status"] for i in ids} == {"running"}
+            assert {before[i]["status"] for i in done} == {"finished"}
             c.daemon.send_signal(signal.SIGKILL)
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -147,7 +158,8 @@ def test_restart_marks_in_flight_requests_interrupted(tmp_path: Path):
         asyncio.run(streams_then_kill())
         c.daemon.wait()
         c.daemon.stdout.close()  # type: ignore[union-attr]
-        daemon = spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(tmp_path)])
+        again = ["--port", "0", "--grpc-port", "0", "--state-dir", str(tmp_path)] + (["--db-url", db] if db else [])
+        daemon = spawn("daemon.main", again)
         ready = wait_ready(daemon, "daemon")
         c.daemon = daemon
         assert ready["recovered_interrupted"] == 3
@@ -155,6 +167,8 @@ def test_restart_marks_in_flight_requests_interrupted(tmp_path: Path):
         for i in ids:
             assert after[i]["status"] == "interrupted" and "restarted" in after[i]["error"]
             assert after[i]["output_tokens"] > 0  # kept current while running: a crash loses one flush at most
+        assert set(after) == set(before)  # no row lost, none made up
+        assert all(after[i] == before[i] for i in done)  # the finished ones exactly as they were
         with httpx.Client(base_url=ready["url"], timeout=10) as h:
             assert h.get(f"/api/v1/requests/{ids[0]}").json()["status"] == "interrupted"
     finally:

@@ -108,6 +108,7 @@ def _flip_under_load(cluster: LiveCluster, h: httpx.Client) -> None:
     assert len(rows) == 60 and all(r["status"] == "finished" for r in rows.values())
     inst = h.get(f"/api/v1/instances/{decode}").json()
     assert inst["role"] == "prefill" and inst["state"] == "active"
+
     # the flipped instance now takes prefill work; the remaining decode instance takes every hand-over
     # (at once: least-loaded routing spreads them over both prefill instances; one at a time, every one
     # would go to whichever id sorts first, the tie-break)

@@ -99,7 +99,7 @@ async def stop_when(
     async with httpx.AsyncClient(base_url=c.url, timeout=120) as h:
         tasks = [asyncio.create_task(s.run(h)) for s in streams]
         deadline = time.monotonic() + 60
-        candidates = [i for i in c.workers if i.startswith(role)]
+        candidates = c.started_as(role)
         victim = None
         while victim is None:
             for i in candidates:

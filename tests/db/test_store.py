@@ -18,11 +18,6 @@ from daemon.db.writer import MAX_TRIES, BatchWriter, WriterClosedError
 
 
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/state/tetri.db"
-
-
-@pytest.fixture
 def store(db_url: str) -> Iterator[Store]:
     s = Store.open(db_url)
     try:
@@ -55,6 +50,8 @@ def _sample(ts: float, instance_id: str = "p0") -> dict[str, Any]:
 
 
 def test_file_database_uses_wal_and_pragmas(store: Store, db_url: str, tmp_path: Path) -> None:
+    if not db_url.startswith("sqlite"):
+        pytest.skip("SQLite's file settings")
     assert (tmp_path / "state" / "tetri.db").is_file()  # parent directory created
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
@@ -136,6 +133,17 @@ def test_count_by_status(store: Store) -> None:
     store.insert_request(**_req("c", 1.0, status=Status.FAILED, phase=Phase.DONE))
     counts = store.count_by_status()
     assert counts["running"] == 2 and counts["failed"] == 1 and counts["finished"] == 0
+
+
+def test_training_samples_are_the_newest_finished_with_a_prompt_sample(store: Store) -> None:
+    """What the learned length predictor trains on (daemon/predictor_service.py)."""
+    done = {"status": Status.FINISHED, "phase": Phase.DONE}
+    store.insert_request(**_req("old", 1.0, prompt_sample="[1, 2]", output_tokens=10, **done))
+    store.insert_request(**_req("new", 2.0, prompt_sample="[3]", output_tokens=20, **done))
+    store.insert_request(**_req("nosample", 3.0, output_tokens=30, **done))
+    store.insert_request(**_req("running", 4.0, prompt_sample="[4]"))
+    assert store.training_samples() == [([3], 20), ([1, 2], 10)]
+    assert store.training_samples(limit=1) == [([3], 20)]
 
 
 def test_cancel_only_from_running(store: Store) -> None:

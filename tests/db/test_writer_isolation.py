@@ -1,17 +1,20 @@
 """Property: whatever sequence of inserts, updates and flushes the batched writer gets — including rows
 the database refuses (integers past SQLite's range, strings that are not UTF-8, duplicate ids) — no
 valid request row is lost, a refused value affects only its own request, and a request told it finished
-never stays `running`."""
+never stays `running` — on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import text
 
 from daemon.db.store import Store
 from daemon.db.writer import BatchWriter
@@ -68,7 +71,37 @@ def _run(store: Store, sequence: list[tuple[Any, ...]]) -> tuple[set[str], dict[
     return inserted, tokens, finished, writer
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_store(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]:
+    """A factory of stores with an empty requests table: a SQLite file each, or one PostgreSQL database
+    emptied each time (a database per example would cost more than the example)."""
+    opened: list[Store] = []
+    with tempfile.TemporaryDirectory() as d:
+        if request.param == "sqlite":
+
+            def make() -> Store:
+                opened.append(Store.open(f"sqlite:///{Path(d) / f'{len(opened)}.db'}"))
+                return opened[-1]
+
+        else:
+            url = request.getfixturevalue("pg").new_database()
+            Store.open(url).close()  # migrated once
+
+            def make() -> Store:
+                store = Store.open(url, run_migrations=False)
+                with store.engine.begin() as conn:
+                    conn.execute(text("DELETE FROM requests"))
+                opened.append(store)
+                return store
+
+        yield make
+        for store in opened:
+            store.close()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(sequence=ops)
 # a count updated after the request was written finished, merged with a second finish: the count lands
 @example(
@@ -80,14 +113,10 @@ def _run(store: Store, sequence: list[tuple[Any, ...]]) -> tuple[set[str], dict[
         ("finish", "r3", None),
     ]
 )
-def test_no_valid_row_is_lost(sequence: list[tuple[Any, ...]]) -> None:
-    with tempfile.TemporaryDirectory() as d:
-        store = Store.open(f"sqlite:///{Path(d) / 'tetri.db'}")
-        try:
-            inserted, tokens, finished, writer = _run(store, sequence)
-            rows = {r["id"]: r for r in store.list_requests(None, None, 1000, 0)[0]}
-        finally:
-            store.close()
+def test_no_valid_row_is_lost(empty_store: Callable[[], Store], sequence: list[tuple[Any, ...]]) -> None:
+    store = empty_store()
+    inserted, tokens, finished, writer = _run(store, sequence)
+    rows = {r["id"]: r for r in store.list_requests(None, None, 1000, 0)[0]}
     assert set(rows) == inserted  # every valid insert landed; no refused one did
     for rid in inserted:
         assert rows[rid]["output_tokens"] == tokens[rid], rid
