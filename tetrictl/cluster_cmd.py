@@ -44,6 +44,9 @@ def daemon_start(
     host: Annotated[str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
     grpc_port: Annotated[int | None, typer.Option(help="Control-plane gRPC port (default 50051).")] = None,
+    grpc_host: Annotated[
+        str | None, typer.Option(help="Control-plane gRPC bind address (default 127.0.0.1; 0.0.0.0: remote workers).")
+    ] = None,
     state_dir: Annotated[Path | None, typer.Option(help="Directory of the SQLite status tables.")] = None,
     db_url: Annotated[str | None, typer.Option(help="Any SQLAlchemy URL instead of the state dir.")] = None,
     token: Annotated[str | None, typer.Option(help="Bearer token (required off loopback).")] = None,
@@ -64,6 +67,7 @@ def daemon_start(
         ("--host", host),
         ("--port", port),
         ("--grpc-port", grpc_port),
+        ("--grpc-host", grpc_host),
         ("--state-dir", state_dir),
         ("--db-url", db_url),
         ("--token", token),
