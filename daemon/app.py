@@ -100,7 +100,7 @@ def create_app(
 
         cluster.on_removed = on_removed
         served = ServedModels()
-        await start_control_plane(server, cluster, on_register, served.prepare)
+        await start_control_plane(server, cluster, on_register, served.prepare, metrics.report.observe)
         app.state.served = served
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
         app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, server.port, recovered

@@ -1,10 +1,11 @@
 """The cluster monitor (TetriInfer §3.2): instance registry, load reports, health, decode-load
 broadcast, and the cluster clock every daemon timestamp comes from.
 
-Workers stream a load report every report interval; each report is answered with the current decode
-load (what prefill dispatchers choose from). An instance that misses `unhealthy_after` intervals is
-marked unhealthy and gets no new work until it reports again. Everything here is plain data: the
-ControlPlane gRPC service (`daemon.grpc_edge`) converts the wire messages to and from these classes.
+Workers stream a load report every report interval; each report is answered with the decode load (what
+prefill dispatchers choose from; other roles get the policies only), built at most every half interval.
+An instance that misses `unhealthy_after` intervals is marked unhealthy and gets no new work until it
+reports again. Everything here is plain data: the ControlPlane gRPC service (`daemon.grpc_edge`) converts
+the wire messages to and from these classes.
 
 Times are on the cluster clock (`tetri.clock.ClusterClock`: model time when the cluster runs scaled).
 The report interval paces processes, so it is wall time; the health limit (`unhealthy_after` ×
@@ -166,6 +167,11 @@ class Cluster:
         self.policy_version = 0
         self.dead_after_s = dead_after_s
         self.on_removed: Callable[[Instance], None] | None = None
+        # the broadcast, built at most once per half report interval (and at once after a change of the
+        # registry, of a state or role, or of the policies): each report is answered with it, so the daemon's
+        # work per interval is O(instances), not O(instances²) as when every answer was built afresh
+        self._broadcast: tuple[DecodeBroadcast, DecodeBroadcast] | None = None
+        self._built_at = 0.0
 
     def instance_dicts(self) -> list[dict[str, object]]:
         now = self.clock.now()
@@ -195,6 +201,7 @@ class Cluster:
             last_report=self.clock.now(),
         )
         old = self.instances.get(reg.instance_id)
+        self.invalidate()
         if old is not None:  # renewed in place: requests in flight there keep counting on this entry
             inst.inflight = old.inflight
             old.__dict__.update(inst.__dict__)
@@ -213,8 +220,10 @@ class Cluster:
         if inst.state == "unhealthy":
             log.warning("instance %s is reporting again", inst.id)
         if not inst.flip_pending:
-            inst.state = msg.state or "active"  # the worker's own word: active, draining or flipping
-            inst.role = msg.role or inst.role
+            state, role = msg.state or "active", msg.role or inst.role  # the worker's own word
+            if (state, role) != (inst.state, inst.role):
+                inst.state, inst.role = state, role
+                self.invalidate()
         if self.writer is not None and inst.reports % self.sample_every == 1:
             self.writer.submit_load_samples(
                 [
@@ -243,11 +252,13 @@ class Cluster:
             silent = now - inst.last_report
             if silent > dead:
                 del self.instances[inst.id]
+                self.invalidate()
                 log.warning("instance %s silent for %.1f s: removed", inst.id, self.dead_after_s)
                 if self.on_removed is not None:
                     self.on_removed(inst)
             elif inst.state != "unhealthy" and silent > limit:
                 inst.state = "unhealthy"
+                self.invalidate()
                 marked.append(inst.id)
                 log.warning("instance %s missed %d reports: unhealthy", inst.id, self.unhealthy_after)
         return marked
@@ -258,6 +269,7 @@ class Cluster:
         inst = self.instances.get(instance_id)
         if inst is not None and inst.state != "unhealthy":
             inst.state = "unhealthy"
+            self.invalidate()
             log.warning("instance %s failed a call: unhealthy until it reports again", instance_id)
 
     def healthy(self, *roles: str, model: str | None = None) -> list[Instance]:
@@ -276,21 +288,34 @@ class Cluster:
             out[i.model] = i.max_model_len if prev is None else min(prev, i.max_model_len)
         return out
 
-    def decode_broadcast(self) -> DecodeBroadcast:
-        return DecodeBroadcast(
-            instances=[
-                DecodeInstanceLoad(i.id, i.address, self._broadcast_load(i), i.model)
-                for i in self.instances.values()
-                if i.role == "decode"
-            ],
-            timestamp=self.clock.now(),
-            policies_json=json.dumps(self.policies.to_dict()),
-            policy_version=self.policy_version,
-        )
+    def invalidate(self) -> None:
+        """Something the broadcast shows changed (an instance's state or role, the registry, the policies):
+        the next answer is built afresh."""
+        self._broadcast = None
+
+    def decode_broadcast(self, role: str = "prefill") -> DecodeBroadcast:
+        """The answer to a load report from an instance in `role`: the decode instances' load for a prefill
+        instance (its dispatcher chooses from them), none for the others; the policies for all. Rebuilt at
+        most every half report interval, or after `invalidate`; between, the same objects."""
+        now = self.clock.now()
+        if self._broadcast is None or now - self._built_at >= self.clock.model_seconds(self.report_interval_s / 2):
+            full = DecodeBroadcast(
+                instances=[
+                    DecodeInstanceLoad(i.id, i.address, self._broadcast_load(i), i.model)
+                    for i in self.instances.values()
+                    if i.role == "decode"
+                ],
+                timestamp=now,
+                policies_json=json.dumps(self.policies.to_dict()),
+                policy_version=self.policy_version,
+            )
+            self._broadcast, self._built_at = (full, dataclasses.replace(full, instances=[])), now
+        return self._broadcast[0] if role == "prefill" else self._broadcast[1]
 
     def set_policies(self, policies: PolicySet) -> None:
         self.policies = policies
         self.policy_version += 1
+        self.invalidate()
 
     @staticmethod
     def _broadcast_load(i: Instance) -> LoadReport:

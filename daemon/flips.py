@@ -85,6 +85,7 @@ class Flipper:
         inst, to = self.validate(instance_id, to_role)
         inst.flip_pending = True
         inst.state = "draining"
+        self.cluster.invalidate()  # peers stop handing over to it with the next broadcast
         started = self.clock.now()
         flip_id = await asyncio.to_thread(self.store.record_flip, inst.id, inst.role, to, reason, requested_by, started)
         task = asyncio.create_task(self._run(flip_id, inst, to))
@@ -118,6 +119,7 @@ class Flipper:
         finally:
             inst.flip_pending = False
             inst.state = "active" if outcome == "done" or inst.state != "unhealthy" else inst.state
+            self.cluster.invalidate()
             fields: dict[str, Any] = {"done_ts": self.clock.now(), "outcome": outcome}
             if drained is not None:
                 fields["drained_ts"] = drained

@@ -155,10 +155,12 @@ class Gateway:
         return min(lens) if lens else None
 
     def pick_entry(self, model: str, exclude: frozenset[str] = frozenset()) -> Instance:
+        started = time.perf_counter()
         candidates = [i for i in self.entry_instances(model) if i.id not in exclude]
         if not candidates or (candidates[0].role == "prefill" and not self.cluster.healthy("decode", model=model)):
             raise NoInstance("no healthy instance can serve the request (need prefill + decode, or colocated)")
         pick = least_loaded([i.snapshot() for i in candidates])
+        self.metrics.route.observe(time.perf_counter() - started)
         return self.cluster.instances[pick]  # type: ignore[index]
 
     # --- recording ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ cluster's plain data (`daemon.cluster`). Protobuf goes no further into the daemo
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -64,10 +65,13 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
         cluster: Cluster,
         on_register: Callable[[Instance], None],
         prepare: Callable[[Registration], Awaitable[str | None]] | None = None,
+        on_report: Callable[[float], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.on_register = on_register
         self.prepare = prepare  # e.g. load the model's tokenizer; returns why it cannot (refused)
+        self.on_report = on_report  # seconds taken by one report and its broadcast (tetri_report_seconds)
+        self._converted: dict[int, tuple[DecodeBroadcast, pb.DecodeLoadBroadcast]] = {}
 
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReply:
         reg = registration_from_pb(request)
@@ -84,10 +88,26 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
         self, request_iterator: AsyncIterator[pb.LoadReport], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DecodeLoadBroadcast]:
         async for report in request_iterator:
+            started = time.perf_counter()
             if not self.cluster.report(load_from_pb(report)):
                 # removed as dead (or never registered): the worker's link registers again
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"instance {report.instance_id!r} is not registered")
-            yield broadcast_to_pb(self.cluster.decode_broadcast())
+            if report.role != "prefill" and report.policy_version == self.cluster.policy_version:
+                # only prefill instances dispatch on decode load: the others need an answer only when the
+                # policies changed (a reply not sent is half the cost of a report)
+                if self.on_report is not None:
+                    self.on_report(time.perf_counter() - started)
+                continue
+            b = self.cluster.decode_broadcast(report.role)
+            hit = self._converted.get(id(b))
+            if hit is None or hit[0] is not b:  # converted once per broadcast built, not once per answer
+                if len(self._converted) >= 4:  # only the current full and empty ones are asked for
+                    self._converted.clear()
+                hit = self._converted[id(b)] = (b, broadcast_to_pb(b))
+            reply = hit[1]
+            if self.on_report is not None:
+                self.on_report(time.perf_counter() - started)
+            yield reply
 
 
 @dataclass
@@ -112,7 +132,9 @@ async def start_control_plane(
     cluster: Cluster,
     on_register: Callable[[Instance], None],
     prepare: Callable[[Registration], Awaitable[str | None]] | None = None,
+    on_report: Callable[[float], None] | None = None,
 ) -> None:
     """Serve the ControlPlane service on a bound server."""
-    rpc.add_ControlPlaneServicer_to_server(ControlPlaneService(cluster, on_register, prepare), bound.server)
+    service = ControlPlaneService(cluster, on_register, prepare, on_report)
+    rpc.add_ControlPlaneServicer_to_server(service, bound.server)
     await bound.server.start()

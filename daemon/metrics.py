@@ -19,6 +19,7 @@ from prometheus_client.utils import floatToGoString
 from .db.models import Phase
 
 IN_FLIGHT = tuple(p.value for p in Phase if p != Phase.DONE)
+_CPU = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -101,7 +102,12 @@ class Metrics:
         self.ttft = Tally("tetri_ttft_seconds", "Time to first token", _LAT)
         self.jct = Tally("tetri_jct_seconds", "Job completion time", _LAT)
         self.itl = Tally("tetri_itl_seconds", "Inter-token latency", _LAT)
-        for c in (self.tokens, self.ttft, self.jct, self.itl, _ClusterCollector(source)):
+        # the control plane's own work, which grows with the instance count (bench/scale_bench.py)
+        self.route = Tally("tetri_route_seconds", "Choosing a request's entry instance (wall, daemon)", _CPU)
+        self.report = Tally(
+            "tetri_report_seconds", "Taking one load report and building its decode-load broadcast (wall, daemon)", _CPU
+        )
+        for c in (self.tokens, self.ttft, self.jct, self.itl, self.route, self.report, _ClusterCollector(source)):
             self.registry.register(c)
         self.predictor_accuracy = Gauge(
             "tetri_predictor_accuracy", "Length predictor bucket accuracy", ["kind"], registry=self.registry

@@ -142,6 +142,13 @@ class WorkerSettings(BaseSettings):
         None, description="Sim engine: a profiles file to read the profile from (e.g. `tetrictl profile`'s)."
     )
     time_scale: float = Field(1.0, gt=0, description="Sim engine: model seconds per wall second.")
+    instances: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Sim engine: instances this process hosts, each its own gRPC port and registration (scale "
+        "tests: many instances on little hardware); their ports are port, port+1, … (or any free ones for 0).",
+    )
     model: str | None = Field(None, description="vllm: a local Hugging Face model directory.")
     served_model_name: str | None = Field(
         None,
@@ -355,4 +362,8 @@ def load_worker_settings(path: Path | None = None, **overrides: Any) -> WorkerSe
     s: WorkerSettings = _build(WorkerSettings, path, "worker", overrides)
     if s.engine == "vllm" and not s.model:
         raise ConfigError("[worker] model: --engine vllm needs a local Hugging Face model directory (--model DIR)")
+    if s.instances > 1 and s.engine != "sim":
+        raise ConfigError("[worker] instances: only sim engines share a process (--engine sim)")
+    if s.instances > 1 and (s.instance_id or s.advertise):
+        raise ConfigError("[worker] instances: several instances take their ids and addresses from their ports")
     return s

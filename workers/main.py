@@ -213,7 +213,12 @@ def run(settings: WorkerSettings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        return await serve(settings, stop)
+        if settings.instances == 1:
+            return await serve(settings, stop)
+        # several sim instances on one event loop: each its own port, id, engine and daemon link
+        ports = [0 if settings.port == 0 else settings.port + i for i in range(settings.instances)]
+        codes = await asyncio.gather(*(serve(settings.model_copy(update={"port": p}), stop) for p in ports))
+        return max(codes)
 
     return eventloop.run(main())
 
@@ -237,6 +242,7 @@ if __name__ == "__main__":
     ap.add_argument("--kv-lease-s", type=float)
     ap.add_argument("--idle-spin-s", type=float)
     ap.add_argument("--port", type=int)
+    ap.add_argument("--instances", type=int)
     ap.add_argument("--advertise")
     for flag in ("tls-cert-file", "tls-key-file", "tls-ca-file"):
         ap.add_argument(f"--{flag}")
@@ -254,6 +260,7 @@ if __name__ == "__main__":
             daemon=a.daemon,
             token=a.token,
             port=a.port,
+            instances=a.instances,
             advertise=a.advertise,
             tls_cert_file=a.tls_cert_file,
             tls_key_file=a.tls_key_file,

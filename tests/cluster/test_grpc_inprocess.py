@@ -314,6 +314,10 @@ def test_register_and_report_need_the_token() -> None:
 
 
 def test_report_load_answers_each_report_with_decode_load() -> None:
+    """A prefill instance's report is answered with the decode instances' load (built at most every half
+    report interval: the same answer until then); a decode instance's report is not answered while its
+    policies are current (it dispatches nothing)."""
+
     async def scenario() -> None:
         async with _control_plane() as (cluster, _, stub, _):
             for req in (
@@ -323,8 +327,8 @@ def test_report_load_answers_each_report_with_decode_load() -> None:
             ):
                 assert (await stub.Register(req)).accepted
 
-            call = stub.ReportLoad()
-            await call.write(
+            decode = stub.ReportLoad()
+            await decode.write(
                 pb.LoadReport(
                     instance_id="d1",
                     role="decode",
@@ -336,7 +340,9 @@ def test_report_load_answers_each_report_with_decode_load() -> None:
                     tokens_per_s=55.0,
                 )
             )
-            first = await call.read()
+            prefill = stub.ReportLoad()
+            await prefill.write(pb.LoadReport(instance_id="p1", role="prefill", state="active"))
+            first = await prefill.read()
             assert isinstance(first, pb.DecodeLoadBroadcast)
             by_id = {d.instance_id: d for d in first.instances}
             assert set(by_id) == {"d1", "d2"}  # decode instances only
@@ -347,22 +353,27 @@ def test_report_load_answers_each_report_with_decode_load() -> None:
             assert by_id["d2"].load.kv_capacity_tokens == 5000
             assert by_id["d2"].load.kv_used_tokens == 0
             assert by_id["d2"].load.state == "active"
-            assert first.timestamp > 0
+            assert first.timestamp > 0 and first.policies_json
 
-            await call.write(
+            await decode.write(
                 pb.LoadReport(instance_id="d2", role="decode", state="active", queued=1, kv_used_tokens=700)
             )
-            second = await call.read()
+            await asyncio.sleep(0.03)  # past half the report interval (0.05 s): the next answer is rebuilt
+            await prefill.write(pb.LoadReport(instance_id="p1", role="prefill", state="active"))
+            second = await prefill.read()
             by_id = {d.instance_id: d for d in second.instances}
             assert by_id["d2"].load.kv_used_tokens == 700
             assert by_id["d2"].load.queued == 1
             assert by_id["d2"].load.kv_capacity_tokens == 5000  # a report without capacity keeps the registered one
             assert by_id["d1"].load.kv_used_tokens == 100
 
-            await call.done_writing()
-            assert await call.read() is grpc.aio.EOF
+            await decode.done_writing()
+            assert await decode.read() is grpc.aio.EOF  # no answer to a decode instance: policies current
+            await prefill.done_writing()
+            assert await prefill.read() is grpc.aio.EOF
             assert cluster.instances["d1"].reports == 1
             assert cluster.instances["d2"].reports == 1
+            assert cluster.instances["p1"].reports == 2
 
             # A report for an unknown instance (removed as dead, or never registered) ends the stream with
             # NOT_FOUND, so the worker's link registers again; nothing is added.
@@ -398,6 +409,11 @@ def test_health_check_marks_unhealthy_and_a_report_revives() -> None:
 
             call = stub.ReportLoad()
             await call.write(pb.LoadReport(instance_id="d1", role="decode", state="active", kv_capacity_tokens=4096))
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF  # a decode instance's report: no answer (policies current)
+            assert (await stub.Register(_register("p1", "prefill", "127.0.0.1:7001"))).accepted
+            call = stub.ReportLoad()  # a prefill instance's report: answered with the decode load, d1 revived
+            await call.write(pb.LoadReport(instance_id="p1", role="prefill", state="active"))
             msg = await call.read()
             await call.done_writing()
             assert await call.read() is grpc.aio.EOF
@@ -415,7 +431,7 @@ def test_health_check_marks_unhealthy_and_a_report_revives() -> None:
             removed: list[str] = []
             cluster.on_removed = lambda inst: removed.append(inst.id)
             cluster.check_health(now=time.time() + cluster.dead_after_s + 1)
-            assert removed == ["d1", "d2"] and cluster.instances == {}
+            assert removed == ["d1", "d2", "p1"] and cluster.instances == {}
             assert cluster.decode_broadcast().instances == []
 
     _run(scenario)

@@ -1,0 +1,174 @@
+"""The control plane at 16, 64 and 256 instances on this machine: the daemon's CPU idle and per request,
+its time per load report and per routing decision.
+
+    python bench/scale_bench.py [--sizes 16,64,256] [--per-process 32] [--idle-s 10] [--rate 20]
+        [--load-s 10] [--time-scale 1000]
+
+For each size a daemon and sim workers start on loopback; the workers host `--per-process` instances
+each (`workers.main --instances`, one event loop, each instance its own gRPC port, registration and
+100 ms load reports), a quarter of them prefill and the rest decode. Once all registered:
+
+- idle: the daemon's CPU (utime + stime from /proc/<pid>/stat) over `--idle-s`, in cores;
+- load: `--rate` requests per second (8 output tokens) for `--load-s`, from one client in this process;
+  control overhead per request = (the daemon's CPU over the load phase − the idle rate × its wall time)
+  / requests served;
+- the daemon's own histograms (/metrics): `tetri_report_seconds` (one load report and the broadcast it
+  is answered with) and `tetri_route_seconds` (choosing a request's entry instance), mean and p99.
+
+The sim engines run `--time-scale` times faster than the wall, so what is measured is the control
+plane. Everything shares this machine's 2 cores: the workers' processes compete with the daemon, so
+wall-time figures (report, routing) include waiting for a core; the CPU figures do not.
+Targets (issue 16): at 256 instances the daemon idles under 0.5 core, and its overhead per request is
+within 1.5x of that at 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tetrictl.output import table
+from tetrictl.procs import spawn, stop_all, wait_ready
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def histogram(url: str, name: str) -> tuple[float, float, float]:
+    """(count, mean, p99) of one of the daemon's histograms."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for fam in text_string_to_metric_families(text):
+        if fam.name == name:
+            buckets = [(float(s.labels["le"]), s.value) for s in fam.samples if s.name.endswith("_bucket")]
+            count = next(s.value for s in fam.samples if s.name.endswith("_count"))
+            total = next(s.value for s in fam.samples if s.name.endswith("_sum"))
+            rank, prev_le, prev_n, p99 = 0.99 * count, 0.0, 0.0, float("nan")
+            for le, n in buckets:
+                if n >= rank and count:
+                    p99 = le if le == float("inf") else prev_le + (le - prev_le) * (rank - prev_n) / max(n - prev_n, 1)
+                    break
+                prev_le, prev_n = le, n
+            return count, (total / count if count else float("nan")), p99
+    raise KeyError(name)
+
+
+async def drive(url: str, rate: float, seconds: float) -> int:
+    """Requests at a steady rate; how many were served."""
+    served = 0
+    async with httpx.AsyncClient(base_url=url, timeout=120) as h:
+
+        async def one(k: int) -> None:
+            nonlocal served
+            body = {"model": "tetri-sim", "prompt": [5 + k % 50, 6, 7], "max_tokens": 8}
+            r = await h.post("/v1/completions", json=body)
+            served += r.status_code == 200
+
+        tasks, start, k = [], time.monotonic(), 0
+        while time.monotonic() - start < seconds:
+            tasks.append(asyncio.create_task(one(k)))
+            k += 1
+            await asyncio.sleep(max(0.0, start + k / rate - time.monotonic()))
+        await asyncio.gather(*tasks)
+    return served
+
+
+def run_size(n: int, args: argparse.Namespace) -> dict[str, float]:
+    state = Path(tempfile.mkdtemp(prefix="tetri-scale-"))
+    daemon = spawn("daemon.main", ["--port", "0", "--grpc-port", "0", "--state-dir", str(state), "--time-scale",
+                                   str(args.time_scale)])  # fmt: skip
+    procs: list[subprocess.Popen[str]] = [daemon]
+    try:
+        ready = wait_ready(daemon, "daemon")
+        url = ready["url"]
+        prefill = max(1, n // 4)
+        groups = []
+        for role, count in (("prefill", prefill), ("decode", n - prefill)):
+            while count > 0:
+                k = min(args.per_process, count)
+                groups.append((role, k))
+                count -= k
+        for i, (role, k) in enumerate(groups):  # stdout to a file: k ready lines (a pipe's reader buffers them)
+            out = (state / f"worker{i}.out").open("w")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "workers.main", "--role", role, "--daemon", ready["grpc"], "--instances", str(k),
+                 "--profile", "tiny", "--time-scale", str(args.time_scale)],
+                stdout=out, text=True, process_group=0,
+            ))  # fmt: skip
+            out.close()
+        deadline = time.monotonic() + 180
+        for i, (_, k) in enumerate(groups):
+            while (state / f"worker{i}.out").read_text().count('"event": "ready"') < k:
+                assert time.monotonic() < deadline and procs[i + 1].poll() is None, f"worker process {i} not ready"
+                time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while sum(v["active"] for v in httpx.get(f"{url}/api/v1/cluster").json()["instances"].values()) < n:
+            assert time.monotonic() < deadline, "not every instance became active"
+            time.sleep(0.2)
+        time.sleep(2)  # settle: every link reporting
+        c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
+        time.sleep(args.idle_s)
+        idle = (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0)
+        rep0 = histogram(url, "tetri_report_seconds")
+        c1, t1 = cpu_seconds(daemon.pid), time.monotonic()
+        served = asyncio.run(drive(url, args.rate, args.load_s))
+        busy, wall = cpu_seconds(daemon.pid) - c1, time.monotonic() - t1
+        rep1 = histogram(url, "tetri_report_seconds")
+        route = histogram(url, "tetri_route_seconds")
+        reports_per_s = (rep1[0] - rep0[0]) / wall
+        return {
+            "instances": n,
+            "processes": len(groups),
+            "idle_cores": idle,
+            "reports_per_s": reports_per_s,
+            "report_mean_us": rep1[1] * 1e6,
+            "report_p99_us": rep1[2] * 1e6,
+            "route_mean_us": route[1] * 1e6,
+            "route_p99_us": route[2] * 1e6,
+            "served": served,
+            "overhead_ms_per_request": (busy - idle * wall) / max(served, 1) * 1e3,
+        }
+    finally:
+        stop_all(procs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="16,64,256")
+    ap.add_argument("--per-process", type=int, default=32)
+    ap.add_argument("--idle-s", type=float, default=10.0)
+    ap.add_argument("--rate", type=float, default=20.0)
+    ap.add_argument("--load-s", type=float, default=10.0)
+    ap.add_argument("--time-scale", type=float, default=1000.0)
+    args = ap.parse_args()
+    rows = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        r = run_size(n, args)
+        rows.append(r)
+        print(f"{n} instances: {r}", file=sys.stderr, flush=True)
+    base = rows[0]["overhead_ms_per_request"]
+    table(
+        f"the daemon at each size (this machine, 2 cores shared with the workers; {args.rate:g} req/s)",
+        ["instances", "worker procs", "idle CPU (cores)", "reports/s", "report mean µs", "report p99 µs",
+         "route mean µs", "route p99 µs", "overhead ms/req", f"vs {rows[0]['instances']}"],
+        [[r["instances"], r["processes"], f"{r['idle_cores']:.3f}", f"{r['reports_per_s']:.0f}",
+          f"{r['report_mean_us']:.0f}", f"{r['report_p99_us']:.0f}", f"{r['route_mean_us']:.1f}",
+          f"{r['route_p99_us']:.1f}", f"{r['overhead_ms_per_request']:.2f}",
+          f"{r['overhead_ms_per_request'] / base:.2f}x"] for r in rows],
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
