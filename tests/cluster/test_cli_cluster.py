@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -13,6 +14,8 @@ import openai
 import pytest
 
 from tetrictl.procs import spawn, stop_all, wait_ready
+
+from .harness import start_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -93,3 +96,40 @@ def test_daemon_refuses_public_bind_without_token(tmp_path: Path):
     )
     assert r.returncode == 2
     assert "needs a token" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_one_worker_process_hosts_several_sim_instances(tmp_path: Path):
+    """`workers.main --instances 3`: three instances in one process, each its own port, id and
+    registration, each serving (the scale benchmark's way to run 256 instances on two cores)."""
+    c = start_cluster(tmp_path, ["prefill"])
+    try:
+        p, _ = c.add_worker("decode", expect_ready=False, extra=["--instances", "3"])
+        c.workers["several"] = p
+        with httpx.Client(base_url=c.url, timeout=30) as h:
+            deadline = time.monotonic() + 60
+            while (
+                len(decodes := [i for i in h.get("/api/v1/instances").json()["instances"] if i["role"] == "decode"]) < 3
+            ):
+                assert time.monotonic() < deadline and p.poll() is None
+                time.sleep(0.1)
+            assert len({i["address"] for i in decodes}) == 3 and all(i["id"].startswith("worker-") for i in decodes)
+            for d in decodes:
+                body = {"model": "tetri-sim", "prompt": [1, 2], "max_tokens": 3, "tetri": {"decode_instance": d["id"]}}
+                r = h.post("/v1/completions", json=body)
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        c.stop()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--instances", "2", "--instance-id", "x"], "take their ids and addresses from their ports"),
+        (["--instances", "2", "--engine", "vllm", "--model", "/nonexistent"], "only sim engines share a process"),
+        (["--instances", "0"], "instances"),
+    ],
+)
+def test_several_instances_refuse_what_cannot_be_shared(extra: list[str], needle: str):
+    r = subprocess.run([sys.executable, "-m", "workers.main", "--role", "decode", *extra], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
