@@ -312,6 +312,14 @@ class Cluster:
             self._broadcast, self._built_at = (full, dataclasses.replace(full, instances=[])), now
         return self._broadcast[0] if role == "prefill" else self._broadcast[1]
 
+    def answer(self, role: str, policy_version: int) -> DecodeBroadcast | None:
+        """What a load report from an instance in `role` running `policy_version` is answered with: a
+        prefill instance, the broadcast with the decode load (its dispatcher chooses from it); any other,
+        the policies when they changed, else nothing (a reply not sent is half the cost of a report)."""
+        if role != "prefill" and policy_version == self.policy_version:
+            return None
+        return self.decode_broadcast(role)
+
     def set_policies(self, policies: PolicySet) -> None:
         self.policies = policies
         self.policy_version += 1

@@ -92,22 +92,19 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
             if not self.cluster.report(load_from_pb(report)):
                 # removed as dead (or never registered): the worker's link registers again
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"instance {report.instance_id!r} is not registered")
-            if report.role != "prefill" and report.policy_version == self.cluster.policy_version:
-                # only prefill instances dispatch on decode load: the others need an answer only when the
-                # policies changed (a reply not sent is half the cost of a report)
-                if self.on_report is not None:
-                    self.on_report(time.perf_counter() - started)
-                continue
-            b = self.cluster.decode_broadcast(report.role)
-            hit = self._converted.get(id(b))
-            if hit is None or hit[0] is not b:  # converted once per broadcast built, not once per answer
-                if len(self._converted) >= 4:  # only the current full and empty ones are asked for
-                    self._converted.clear()
-                hit = self._converted[id(b)] = (b, broadcast_to_pb(b))
-            reply = hit[1]
+            b = self.cluster.answer(report.role, report.policy_version)
+            reply = None
+            if b is not None:
+                hit = self._converted.get(id(b))
+                if hit is None or hit[0] is not b:  # converted once per broadcast built, not once per answer
+                    if len(self._converted) >= 4:  # only the current full and empty ones are asked for
+                        self._converted.clear()
+                    hit = self._converted[id(b)] = (b, broadcast_to_pb(b))
+                reply = hit[1]
             if self.on_report is not None:
                 self.on_report(time.perf_counter() - started)
-            yield reply
+            if reply is not None:
+                yield reply
 
 
 @dataclass
