@@ -49,11 +49,10 @@ def _sample(ts: float, instance_id: str = "p0") -> dict[str, Any]:
 # ---- engine ------------------------------------------------------------------------------------------
 
 
-def test_file_database_uses_wal_and_pragmas(store: Store, db_url: str, tmp_path: Path) -> None:
-    if not db_url.startswith("sqlite"):
-        pytest.skip("SQLite's file settings")
-    assert (tmp_path / "state" / "tetri.db").is_file()  # parent directory created
-    with store.engine.connect() as conn:
+def test_file_database_uses_wal_and_pragmas(tmp_path: Path) -> None:
+    """SQLite's own settings (the other tests here run on SQLite and PostgreSQL)."""
+    with Store.open(f"sqlite:///{tmp_path}/state/tetri.db") as store, store.engine.connect() as conn:
+        assert (tmp_path / "state" / "tetri.db").is_file()  # parent directory created
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
