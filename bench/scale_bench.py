@@ -38,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tetrictl.output import table
 from tetrictl.procs import spawn, stop_all, wait_ready
+from tetrictl.tui.model import quantile
 
 
 def cpu_seconds(pid: int) -> float:
@@ -48,20 +49,18 @@ def cpu_seconds(pid: int) -> float:
 
 
 def histogram(url: str, name: str) -> tuple[float, float, float]:
-    """(count, mean, p99) of one of the daemon's histograms."""
+    """(count, mean, p99) of one of the daemon's histograms (p99 as the dashboard and Prometheus take it)."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     for fam in text_string_to_metric_families(text):
         if fam.name == name:
-            buckets = [(float(s.labels["le"]), s.value) for s in fam.samples if s.name.endswith("_bucket")]
+            cumulative = [(float(s.labels["le"]), s.value) for s in fam.samples if s.name.endswith("_bucket")]
             count = next(s.value for s in fam.samples if s.name.endswith("_count"))
             total = next(s.value for s in fam.samples if s.name.endswith("_sum"))
-            rank, prev_le, prev_n, p99 = 0.99 * count, 0.0, 0.0, float("nan")
-            for le, n in buckets:
-                if n >= rank and count:
-                    p99 = le if le == float("inf") else prev_le + (le - prev_le) * (rank - prev_n) / max(n - prev_n, 1)
-                    break
-                prev_le, prev_n = le, n
-            return count, (total / count if count else float("nan")), p99
+            bounds = [le for le, _ in cumulative if le != float("inf")]
+            previous = [0.0] + [n for _, n in cumulative[:-1]]
+            counts = [int(n - prev) for (_, n), prev in zip(cumulative, previous, strict=True)]
+            p99 = quantile(0.99, bounds, counts)
+            return count, (total / count if count else float("nan")), float("nan") if p99 is None else p99
     raise KeyError(name)
 
 
