@@ -1,8 +1,8 @@
 """The control plane at 16, 64 and 256 instances on this machine: the daemon's CPU idle and per request,
 its time per load report and per routing decision.
 
-    python bench/scale_bench.py [--sizes 16,64,256] [--per-process 32] [--idle-s 10] [--rate 20]
-        [--load-s 10] [--time-scale 1000]
+    python bench/scale_bench.py [--sizes 16,64,256] [--per-process 32] [--idle-s 10] [--rate 100]
+        [--load-s 10] [--time-scale 1000] [--json]
 
 For each size a daemon and sim workers start on loopback; the workers host `--per-process` instances
 each (`workers.main --instances`, one event loop, each instance its own gRPC port, registration and
@@ -12,8 +12,10 @@ each (`workers.main --instances`, one event loop, each instance its own gRPC por
 - load: `--rate` requests per second (8 output tokens) for `--load-s`, from one client in this process;
   control overhead per request = (the daemon's CPU over the load phase − the idle rate × its wall time)
   / requests served;
-- the daemon's own histograms (/metrics): `tetri_report_seconds` (one load report and the broadcast it
-  is answered with) and `tetri_route_seconds` (choosing a request's entry instance), mean and p99.
+- the daemon's own histograms (/metrics), over the load phase: `tetri_report_seconds` (one load report
+  and the broadcast it is answered with) and `tetri_route_seconds` (choosing a request's entry
+  instance), mean and p99; `tetri_loop_lag_seconds` (how late its event loop wakes a 50 ms timer: what a
+  relayed token waits behind the reports), p99 idle, mean and p99 under load.
 
 The sim engines run `--time-scale` times faster than the wall, so what is measured is the control
 plane. Everything shares this machine's 2 cores: the workers' processes compete with the daemon, so
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -48,20 +51,29 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def histogram(url: str, name: str) -> tuple[float, float, float]:
-    """(count, mean, p99) of one of the daemon's histograms (p99 as the dashboard and Prometheus take it)."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    for fam in text_string_to_metric_families(text):
-        if fam.name == name:
+Hist = tuple[list[float], list[int], float]  # bucket bounds, per-bucket counts (last: above all), sum
+
+
+def scrape(url: str) -> dict[str, Hist]:
+    """The daemon's histograms, from /metrics."""
+    out = {}
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        if fam.type == "histogram":
             cumulative = [(float(s.labels["le"]), s.value) for s in fam.samples if s.name.endswith("_bucket")]
-            count = next(s.value for s in fam.samples if s.name.endswith("_count"))
             total = next(s.value for s in fam.samples if s.name.endswith("_sum"))
-            bounds = [le for le, _ in cumulative if le != float("inf")]
             previous = [0.0] + [n for _, n in cumulative[:-1]]
             counts = [int(n - prev) for (_, n), prev in zip(cumulative, previous, strict=True)]
-            p99 = quantile(0.99, bounds, counts)
-            return count, (total / count if count else float("nan")), float("nan") if p99 is None else p99
-    raise KeyError(name)
+            out[fam.name] = ([le for le, _ in cumulative if le != float("inf")], counts, total)
+    return out
+
+
+def window(before: Hist, after: Hist) -> tuple[int, float, float]:
+    """(count, mean, p99) of what a histogram saw between two scrapes (p99 as the dashboard and
+    Prometheus take it)."""
+    counts = [b - a for a, b in zip(before[1], after[1], strict=True)]
+    n, total = sum(counts), after[2] - before[2]
+    p99 = quantile(0.99, after[0], counts)
+    return n, (total / n if n else float("nan")), float("nan") if p99 is None else p99
 
 
 async def drive(url: str, rate: float, seconds: float) -> int:
@@ -117,25 +129,31 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, float]:
             assert time.monotonic() < deadline, "not every instance became active"
             time.sleep(0.2)
         time.sleep(2)  # settle: every link reporting
+        h0 = scrape(url)
         c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
         time.sleep(args.idle_s)
         idle = (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0)
-        rep0 = histogram(url, "tetri_report_seconds")
+        h1 = scrape(url)
         c1, t1 = cpu_seconds(daemon.pid), time.monotonic()
         served = asyncio.run(drive(url, args.rate, args.load_s))
         busy, wall = cpu_seconds(daemon.pid) - c1, time.monotonic() - t1
-        rep1 = histogram(url, "tetri_report_seconds")
-        route = histogram(url, "tetri_route_seconds")
-        reports_per_s = (rep1[0] - rep0[0]) / wall
+        h2 = scrape(url)
+        report = window(h1["tetri_report_seconds"], h2["tetri_report_seconds"])
+        route = window(h1["tetri_route_seconds"], h2["tetri_route_seconds"])
+        lag_idle = window(h0["tetri_loop_lag_seconds"], h1["tetri_loop_lag_seconds"])
+        lag_load = window(h1["tetri_loop_lag_seconds"], h2["tetri_loop_lag_seconds"])
         return {
             "instances": n,
             "processes": len(groups),
             "idle_cores": idle,
-            "reports_per_s": reports_per_s,
-            "report_mean_us": rep1[1] * 1e6,
-            "report_p99_us": rep1[2] * 1e6,
+            "reports_per_s": report[0] / wall,
+            "report_mean_us": report[1] * 1e6,
+            "report_p99_us": report[2] * 1e6,
             "route_mean_us": route[1] * 1e6,
             "route_p99_us": route[2] * 1e6,
+            "lag_idle_p99_ms": lag_idle[2] * 1e3,
+            "lag_load_mean_ms": lag_load[1] * 1e3,
+            "lag_load_p99_ms": lag_load[2] * 1e3,
             "served": served,
             "overhead_ms_per_request": (busy - idle * wall) / max(served, 1) * 1e3,
         }
@@ -148,23 +166,30 @@ def main() -> None:
     ap.add_argument("--sizes", default="16,64,256")
     ap.add_argument("--per-process", type=int, default=32)
     ap.add_argument("--idle-s", type=float, default=10.0)
-    ap.add_argument("--rate", type=float, default=20.0)
+    ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--load-s", type=float, default=10.0)
     ap.add_argument("--time-scale", type=float, default=1000.0)
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
     args = ap.parse_args()
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
         r = run_size(n, args)
         rows.append(r)
         print(f"{n} instances: {r}", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(rows))
+        return
     base = rows[0]["overhead_ms_per_request"]
     table(
         f"the daemon at each size (this machine, 2 cores shared with the workers; {args.rate:g} req/s)",
         ["instances", "worker procs", "idle CPU (cores)", "reports/s", "report mean µs", "report p99 µs",
-         "route mean µs", "route p99 µs", "overhead ms/req", f"vs {rows[0]['instances']}"],
+         "route mean µs", "route p99 µs", "loop lag p99 ms idle", "loop lag mean / p99 ms load", "served",
+         "overhead ms/req", f"vs {rows[0]['instances']}"],
         [[r["instances"], r["processes"], f"{r['idle_cores']:.3f}", f"{r['reports_per_s']:.0f}",
           f"{r['report_mean_us']:.0f}", f"{r['report_p99_us']:.0f}", f"{r['route_mean_us']:.1f}",
-          f"{r['route_p99_us']:.1f}", f"{r['overhead_ms_per_request']:.2f}",
+          f"{r['route_p99_us']:.1f}", f"{r['lag_idle_p99_ms']:.1f}",
+          f"{r['lag_load_mean_ms']:.2f} / {r['lag_load_p99_ms']:.1f}", r["served"],
+          f"{r['overhead_ms_per_request']:.2f}",
           f"{r['overhead_ms_per_request'] / base:.2f}x"] for r in rows],
     )  # fmt: skip
 

@@ -36,7 +36,7 @@ from .db.writer import BatchWriter
 from .flips import Flipper
 from .gateway import Gateway, new_request_id
 from .grpc_edge import ControlPlaneServer, Tls, bind_control_plane, start_control_plane
-from .metrics import Metrics
+from .metrics import Metrics, sample_loop_lag
 from .predictor_service import PredictorService
 from .served import ServedModels
 from .worker_client import WorkerClient
@@ -112,10 +112,12 @@ def create_app(
         retrainer = asyncio.create_task(predictor.loop(lambda: cluster.policies, settings.predictor_retrain_s))
         app.state.predictor = predictor
         retention = asyncio.create_task(_retention(store, clock, settings.load_retention_s))
+        lag = asyncio.create_task(sample_loop_lag(metrics.loop_lag))
         try:
             yield
         finally:
             monitor.cancel()
+            lag.cancel()
             retention.cancel()
             watcher.cancel()
             retrainer.cancel()

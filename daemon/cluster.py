@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from tetri.clock import ClusterClock
 from tetri.scheduling.policyset import PolicySet
-from tetri.scheduling.routing import InstanceLoad
+from tetri.scheduling.minindex import MinIndex
+from tetri.scheduling.routing import InstanceLoad, load_key
 
 from .db.writer import BatchWriter
 
@@ -89,6 +90,16 @@ class DecodeBroadcast:
     timestamp: float  # cluster clock
     policies_json: str
     policy_version: int
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """What the registered instances of one model announce, whatever their state."""
+
+    context: int  # the smallest max_model_len among them (0 when one announces none)
+    known_context: int | None  # the smallest they announce (None: none does)
+    vocab_size: int | None  # the smallest vocabulary they announce (None: none does)
+    roles: frozenset[str]
 
 
 @dataclass
@@ -172,6 +183,11 @@ class Cluster:
         # work per interval is O(instances), not O(instances²) as when every answer was built afresh
         self._broadcast: tuple[DecodeBroadcast, DecodeBroadcast] | None = None
         self._built_at = 0.0
+        # the routing index, per (role, model), of the active instances, and each model's catalogue entry:
+        # built after a change of the registry, of a state or role (`invalidate`), kept current between by
+        # load reports and `routed`, so a request reads them instead of scanning the registry
+        self._routes: dict[tuple[str, str], MinIndex] | None = None
+        self._catalog: dict[str, ModelEntry] | None = None
 
     def instance_dicts(self) -> list[dict[str, object]]:
         now = self.clock.now()
@@ -224,6 +240,7 @@ class Cluster:
             if (state, role) != (inst.state, inst.role):
                 inst.state, inst.role = state, role
                 self.invalidate()
+        self._reindex(inst)
         if self.writer is not None and inst.reports % self.sample_every == 1:
             self.writer.submit_load_samples(
                 [
@@ -272,26 +289,77 @@ class Cluster:
             self.invalidate()
             log.warning("instance %s failed a call: unhealthy until it reports again", instance_id)
 
+    # --- the routing index and the model catalogue --------------------------------------------------
+    def _index(self) -> dict[tuple[str, str], MinIndex]:
+        """Per (role, model), the active instances by `load_key` (the least loaded first)."""
+        if self._routes is None:
+            routes: dict[tuple[str, str], MinIndex] = {}
+            for i in self.instances.values():
+                if i.state == "active":
+                    routes.setdefault((i.role, i.model), MinIndex()).set(load_key(i.snapshot()))
+            self._routes = routes
+        return self._routes
+
+    def _reindex(self, inst: Instance) -> None:
+        """The instance's load changed: its key in the routing index follows (when it is there)."""
+        if self._routes is None or self.instances.get(inst.id) is not inst:
+            return
+        idx = self._routes.get((inst.role, inst.model))
+        if idx is not None and inst.id in idx:
+            idx.set(load_key(inst.snapshot()))
+
+    def routed(self, inst: Instance, delta: int) -> None:
+        """A request routed to this entry (+1) or finished with it (-1): the router's fresh load."""
+        inst.inflight = max(0, inst.inflight + delta)
+        self._reindex(inst)
+
     def healthy(self, *roles: str, model: str | None = None) -> list[Instance]:
         """Active instances in these roles (serving `model`, when given)."""
         return [
-            i
-            for i in self.instances.values()
-            if i.role in roles and i.state == "active" and (model is None or i.model == model)
+            self.instances[iid]
+            for (role, m), idx in self._index().items()
+            if role in roles and (model is None or m == model)
+            for iid in idx
         ]
+
+    def entry(self, model: str, exclude: frozenset[str] = frozenset()) -> Instance | None:
+        """Where a request for `model` starts (TetriInfer §3.2): the least-loaded active colocated instance
+        when the model has any, else the least-loaded active prefill instance provided an active decode
+        instance can take its hand-over; none of `exclude`. None: no instance can take it now."""
+        routes = self._index()
+        entry = routes.get(("colocated", model)) or routes.get(("prefill", model))
+        if not entry or (("colocated", model) not in routes and not routes.get(("decode", model))):
+            return None
+        pick = entry.best(exclude)
+        return None if pick is None else self.instances[pick]
+
+    def catalog(self) -> dict[str, ModelEntry]:
+        """Each registered model's entry (`ModelEntry`), rebuilt only after the registry changes."""
+        if self._catalog is None:
+            by_model: dict[str, list[Instance]] = {}
+            for i in self.instances.values():
+                by_model.setdefault(i.model, []).append(i)
+            self._catalog = {
+                m: ModelEntry(
+                    context=min(i.max_model_len for i in insts),
+                    known_context=min((i.max_model_len for i in insts if i.max_model_len), default=None),
+                    vocab_size=min((i.vocab_size for i in insts if i.vocab_size), default=None),
+                    roles=frozenset(i.role for i in insts),
+                )
+                for m, insts in by_model.items()
+            }
+        return self._catalog
 
     def models(self) -> dict[str, int]:
         """Each served model and its context (the smallest its instances announce)."""
-        out: dict[str, int] = {}
-        for i in self.instances.values():
-            prev = out.get(i.model)
-            out[i.model] = i.max_model_len if prev is None else min(prev, i.max_model_len)
-        return out
+        return {m: e.context for m, e in self.catalog().items()}
 
     def invalidate(self) -> None:
-        """Something the broadcast shows changed (an instance's state or role, the registry, the policies):
-        the next answer is built afresh."""
+        """Something the broadcast or the routing index shows changed (an instance's state or role, the
+        registry, the policies): the next answer, index and catalogue are built afresh."""
         self._broadcast = None
+        self._routes = None
+        self._catalog = None
 
     def decode_broadcast(self, role: str = "prefill") -> DecodeBroadcast:
         """The answer to a load report from an instance in `role`: the decode instances' load for a prefill

@@ -22,7 +22,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from tetri.sampling import GREEDY, Sampling
-from tetri.scheduling.routing import least_loaded
 
 from .cluster import Cluster, Instance
 from .db.models import Phase, Status
@@ -136,32 +135,24 @@ class Gateway:
         self.reserved: dict[str, float] = {}
 
     # --- routing -----------------------------------------------------------------------------------
-    def entry_instances(self, model: str) -> list[Instance]:
-        colocated = self.cluster.healthy("colocated", model=model)
-        return colocated if colocated else self.cluster.healthy("prefill", model=model)
-
     def vocab_size(self, model: str) -> int | None:
         """The smallest vocabulary among the model's registered instances (None: none says)."""
-        sizes = [i.vocab_size for i in self.cluster.instances.values() if i.vocab_size and i.model == model]
-        return min(sizes) if sizes else None
+        entry = self.cluster.catalog().get(model)
+        return None if entry is None else entry.vocab_size
 
     def max_model_len(self, model: str | None = None) -> int | None:
         """The model's context (the smallest its instances announce); without a model, any model's."""
-        lens = [
-            i.max_model_len
-            for i in self.cluster.instances.values()
-            if i.max_model_len and (model is None or i.model == model)
-        ]
+        catalog = self.cluster.catalog()
+        lens = [e.known_context for m, e in catalog.items() if e.known_context and (model is None or m == model)]
         return min(lens) if lens else None
 
     def pick_entry(self, model: str, exclude: frozenset[str] = frozenset()) -> Instance:
         started = time.perf_counter()
-        candidates = [i for i in self.entry_instances(model) if i.id not in exclude]
-        if not candidates or (candidates[0].role == "prefill" and not self.cluster.healthy("decode", model=model)):
+        inst = self.cluster.entry(model, exclude)
+        if inst is None:
             raise NoInstance("no healthy instance can serve the request (need prefill + decode, or colocated)")
-        pick = least_loaded([i.snapshot() for i in candidates])
         self.metrics.route.observe(time.perf_counter() - started)
-        return self.cluster.instances[pick]  # type: ignore[index]
+        return inst
 
     # --- recording ---------------------------------------------------------------------------------
     def record_rejected(
@@ -295,8 +286,8 @@ class Gateway:
             self.metrics.requests.labels(status=end.status).inc()
 
     def _release(self, fl: Inflight) -> None:
-        if fl.counted is not None and fl.counted.inflight > 0:  # that entry, even if re-registered since
-            fl.counted.inflight -= 1
+        if fl.counted is not None:  # that entry, even if re-registered since
+            self.cluster.routed(fl.counted, -1)
         fl.counted = None
         fl.serving = None
 
@@ -304,7 +295,7 @@ class Gateway:
         self._release(fl)
         fl.serving = (inst.id, inst.address)
         fl.counted = inst
-        inst.inflight += 1
+        self.cluster.routed(inst, +1)
 
     async def _serve(
         self, fl: Inflight, prompt_ids: list[int], pin: str | None = None
@@ -349,7 +340,8 @@ class Gateway:
     def registered(self, model: str) -> bool:
         """Whether instances of the model that could serve a request together are registered, whatever
         their state now (colocated, or prefill and decode)."""
-        roles = {i.role for i in self.cluster.instances.values() if i.model == model}
+        entry = self.cluster.catalog().get(model)
+        roles = frozenset() if entry is None else entry.roles
         return "colocated" in roles or {"prefill", "decode"} <= roles
 
     async def _entry(self, fl: Inflight, exclude: frozenset[str]) -> Instance | str:

@@ -7,6 +7,7 @@ bucket, per sum and per count, about 20 µs a token on this project's machines (
 
 from __future__ import annotations
 
+import asyncio
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +21,7 @@ from .db.models import Phase
 
 IN_FLIGHT = tuple(p.value for p in Phase if p != Phase.DONE)
 _CPU = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
+_LAG = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0)
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -107,7 +109,12 @@ class Metrics:
         self.report = Tally(
             "tetri_report_seconds", "Taking one load report and building its decode-load broadcast (wall, daemon)", _CPU
         )
-        for c in (self.tokens, self.ttft, self.jct, self.itl, self.route, self.report, _ClusterCollector(source)):
+        # how late the event loop runs what is ready: every relayed token and every load report waits as long
+        self.loop_lag = Tally(
+            "tetri_loop_lag_seconds", "How late the daemon's event loop wakes a timer (wall; see sample_loop_lag)", _LAG
+        )
+        tallies = (self.tokens, self.ttft, self.jct, self.itl, self.route, self.report, self.loop_lag)
+        for c in (*tallies, _ClusterCollector(source)):
             self.registry.register(c)
         self.predictor_accuracy = Gauge(
             "tetri_predictor_accuracy", "Length predictor bucket accuracy", ["kind"], registry=self.registry
@@ -121,3 +128,13 @@ class Metrics:
         """Live and held-out accuracy of the length predictor, read at scrape time."""
         self.predictor_accuracy.labels(kind="live").set_function(lambda: service.stats.live_accuracy or 0.0)
         self.predictor_accuracy.labels(kind="holdout").set_function(lambda: service.stats.holdout_accuracy or 0.0)
+
+
+async def sample_loop_lag(tally: Tally, period_s: float = 0.05) -> None:
+    """Observe, every `period_s`, how much later than asked the event loop woke this task: the time a
+    ready callback (a token to relay, a report to answer) waits behind the rest of the loop's work."""
+    loop = asyncio.get_running_loop()
+    while True:
+        asked = loop.time() + period_s
+        await asyncio.sleep(period_s)
+        tally.observe(max(0.0, loop.time() - asked))

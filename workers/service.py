@@ -23,7 +23,7 @@ from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
 from tetri.proto.serve import Answer, ServeStreams, StreamBroken
 from tetri.sampling import GREEDY, Sampling
-from tetri.scheduling.dispatch import DecodeLoad, dispatch
+from tetri.scheduling.dispatch import DecodeLoad, DispatchView
 from tetri.scheduling.flip import flip_refusal
 from tetri.scheduling.instance import HEAVY_DECODE
 from tetri.scheduling.policyset import PolicySet
@@ -42,10 +42,11 @@ TARGET_WAIT_S = 3.0  # how long a hand-over waits for a decode instance to appea
 
 @dataclass
 class DecodeView:
-    """The decode load the daemon last broadcast, plus what this instance sent since."""
+    """The decode load the daemon last broadcast (`instances`), and what this instance dispatches on: the
+    same loads plus what it sent since (`tetri.scheduling.dispatch.DispatchView`)."""
 
     instances: dict[str, tuple[str, DecodeLoad]] = field(default_factory=dict)  # id -> (address, load)
-    sent_since: dict[str, int] = field(default_factory=dict)
+    view: DispatchView = field(default_factory=DispatchView)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
@@ -53,31 +54,15 @@ class DecodeView:
         """A new broadcast: (address, state, load) of each decode instance of this instance's model; only
         active ones are candidates."""
         self.instances = {load.instance_id: (address, load) for address, state, load in decodes if state == "active"}
-        self.sent_since.clear()
+        self.view = DispatchView(load for _, load in self.instances.values())
         self.updated.set()
         self.updated = asyncio.Event()
 
     def choose(
         self, policy: str = "least-kv", predicted_lo: int | None = None, exclude: frozenset[str] = frozenset()
     ) -> tuple[str, str] | None:
-        loads = [
-            DecodeLoad(
-                ld.instance_id,
-                ld.kv_used_tokens,
-                ld.kv_capacity_tokens,
-                ld.heavy,
-                ld.light,
-                ld.predicted_growth_tokens,
-                self.sent_since.get(i, 0),
-            )
-            for i, (_, ld) in self.instances.items()
-            if i not in exclude
-        ]
-        pick = dispatch(policy, loads, predicted_lo, self.rng, HEAVY_DECODE)
-        if pick is None:
-            return None
-        self.sent_since[pick] = self.sent_since.get(pick, 0) + 1
-        return pick, self.instances[pick][0]
+        pick = self.view.choose(policy, predicted_lo, self.rng, exclude, HEAVY_DECODE)
+        return None if pick is None else (pick, self.instances[pick][0])
 
 
 def decode_loads(msg: pb.DecodeLoadBroadcast, model: str | None = None) -> list[tuple[str, str, DecodeLoad]]:

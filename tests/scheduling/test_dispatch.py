@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tetri.scheduling.dispatch import DecodeLoad, dispatch, least_kv, power_of_two
+from tetri.scheduling.dispatch import DecodeLoad, DispatchView, dispatch, least_kv, power_of_two
 
 HEAVY, LIGHT = 401, 1  # lower ends of predicted ranges around the 128-token threshold
 
@@ -143,3 +143,36 @@ def test_dispatch_routes_to_the_policy() -> None:
 def test_unknown_dispatch_policy_names_the_choices() -> None:
     with pytest.raises(ValueError, match=r"round-robin.*pot, least-kv"):
         dispatch("round-robin", [load("d0")], None, random.Random(0))
+
+
+decode_load = st.builds(
+    DecodeLoad,
+    instance_id=st.just(""),
+    kv_used_tokens=st.integers(0, 1000),
+    kv_capacity_tokens=st.sampled_from([0, 500, 1000]),
+    heavy=st.integers(0, 3),
+    light=st.integers(0, 3),
+    predicted_growth_tokens=st.integers(0, 500),
+)
+choice = st.tuples(
+    st.sampled_from(["pot", "least-kv"]),
+    st.sampled_from([None, LIGHT, HEAVY]),
+    st.frozensets(st.sampled_from([f"d{i}" for i in range(6)]), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(decode_load, max_size=6), st.lists(choice, max_size=30), st.integers(0, 2**32))
+def test_the_dispatch_view_chooses_what_dispatch_chooses_over_the_whole_list(
+    broadcast: list[DecodeLoad], choices: list[tuple[str, int | None, frozenset[str]]], seed: int
+) -> None:
+    loads = [dataclasses.replace(d, instance_id=f"d{i}") for i, d in enumerate(broadcast)]
+    view = DispatchView(loads)
+    mine, theirs = random.Random(seed), random.Random(seed)
+    sent = Counter[str]()
+    for policy, predicted, exclude in choices:
+        whole = [dataclasses.replace(d, sent=sent[d.instance_id]) for d in loads if d.instance_id not in exclude]
+        expected = dispatch(policy, whole, predicted, theirs)
+        assert view.choose(policy, predicted, mine, exclude) == expected
+        if expected is not None:
+            sent[expected] += 1

@@ -21,11 +21,18 @@ class InstanceLoad:
         return self.kv_used_tokens / self.kv_capacity_tokens if self.kv_capacity_tokens else 0.0
 
 
+LoadKey = tuple[int, float, str]
+
+
+def load_key(x: InstanceLoad) -> LoadKey:
+    """TetriInfer §3.2's load: requests in flight from this router (fresh) plus the instance's reported
+    queue; ties by KV utilisation, then id (deterministic). The lowest is the least loaded."""
+    return (x.inflight + x.queued, x.kv_utilisation, x.instance_id)
+
+
 def least_loaded(instances: Sequence[InstanceLoad]) -> str | None:
-    """TetriInfer §3.2: the global scheduler sends a request to the least-loaded prefill instance.
-    Load = requests in flight from this router (fresh) plus the instance's reported queue; ties by
-    KV utilisation, then id (deterministic)."""
+    """TetriInfer §3.2: the global scheduler sends a request to the least-loaded prefill instance
+    (`load_key`). The daemon keeps the same choice as an index (`MinIndex` of `load_key`s)."""
     if not instances:
         return None
-    best = min(instances, key=lambda x: (x.inflight + x.queued, x.kv_utilisation, x.instance_id))
-    return best.instance_id
+    return min(instances, key=load_key).instance_id
