@@ -183,7 +183,7 @@ def main() -> None:
     table(
         f"the daemon at each size (this machine, 2 cores shared with the workers; {args.rate:g} req/s)",
         ["instances", "worker procs", "idle CPU (cores)", "reports/s", "report mean µs", "report p99 µs",
-         "route mean µs", "route p99 µs", "loop lag p99 ms idle", "loop lag mean / p99 ms load", "served",
+         "route mean µs", "route p99 µs", "lag p99 ms idle", "lag mean/p99 ms", "served",
          "overhead ms/req", f"vs {rows[0]['instances']}"],
         [[r["instances"], r["processes"], f"{r['idle_cores']:.3f}", f"{r['reports_per_s']:.0f}",
           f"{r['report_mean_us']:.0f}", f"{r['report_p99_us']:.0f}", f"{r['route_mean_us']:.1f}",

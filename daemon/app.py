@@ -202,13 +202,15 @@ def create_app(
     return app
 
 
-def _write_behind(what: str, write: Callable[[], object]) -> None:
+def _write_behind(what: str, write: Callable[[], object], then: Callable[[], None] | None = None) -> None:
     """Registry changes are rare: write them straight through, in a thread (off the request path); a
-    failure is logged, the in-memory registry stays authoritative."""
+    failure is logged, the in-memory registry stays authoritative. `then` runs on the loop once written."""
 
     def done(fut: asyncio.Future[object]) -> None:
         if fut.exception() is not None:
             log.error("recording %s failed: %s", what, fut.exception())
+        elif then is not None:
+            then()
 
     asyncio.get_running_loop().run_in_executor(None, write).add_done_callback(done)
 
@@ -230,6 +232,7 @@ def _record_instance(store: Store, inst: Instance, registered_ts: float) -> None
             kv_capacity_tokens=inst.kv_capacity_tokens,
             registered_ts=registered_ts,
         ),
+        partial(setattr, inst, "recorded", True),  # its load samples may refer to the row from now on
     )
 
 

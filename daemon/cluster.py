@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tetri.clock import ClusterClock
-from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.minindex import MinIndex
+from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.routing import InstanceLoad, load_key
 
 from .db.writer import BatchWriter
@@ -117,6 +117,8 @@ class Instance:
     inflight: int = 0  # requests routed here by the daemon and not finished
     reports: int = 0
     flip_pending: bool = False  # the daemon started a flip: stay out of routing whatever reports say
+    recorded: bool = False  # the status tables hold its row: its load samples can be written
+    sampled_report: int = -1  # the report last written as a load sample (-1: none yet)
 
     def snapshot(self) -> InstanceLoad:
         return InstanceLoad(
@@ -241,7 +243,12 @@ class Cluster:
                 inst.state, inst.role = state, role
                 self.invalidate()
         self._reindex(inst)
-        if self.writer is not None and inst.reports % self.sample_every == 1:
+        if (
+            self.writer is not None
+            and inst.recorded  # a sample written before the instance's row would be refused
+            and (inst.sampled_report < 0 or inst.reports - inst.sampled_report >= self.sample_every)
+        ):
+            inst.sampled_report = inst.reports
             self.writer.submit_load_samples(
                 [
                     {

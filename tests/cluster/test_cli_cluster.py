@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from daemon.db.store import Store, make_engine
 from tetrictl.procs import spawn, stop_all, wait_ready
 
 from .harness import start_cluster
@@ -119,6 +120,33 @@ def test_one_worker_process_hosts_several_sim_instances(tmp_path: Path):
                 assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     finally:
         c.stop()
+
+
+def test_instances_registering_at_once_all_get_load_samples(tmp_path: Path):
+    """64 instances register within a moment (one process): each one's load samples reach the status
+    tables and none is refused for arriving before the instance's own row (the registration is written in
+    a thread, the samples by the batch writer: a sample waits for its row)."""
+    with (tmp_path / "daemon.log").open("w") as log:
+        c = start_cluster(tmp_path, [], daemon_stderr=log, time_scale=1.0)
+    try:
+        for role, n in (("prefill", 16), ("decode", 48)):
+            p, _ = c.add_worker(role, expect_ready=False, extra=["--instances", str(n)])
+            c.workers[role] = p
+        with httpx.Client(base_url=c.url, timeout=30) as h:
+            deadline = time.monotonic() + 120
+            while len(ids := [i["id"] for i in h.get("/api/v1/instances").json()["instances"]]) < 64:
+                assert time.monotonic() < deadline and all(p.poll() is None for p in c.workers.values())
+                time.sleep(0.1)
+            store = Store(make_engine(c.db_url))
+            try:
+                while {s["instance_id"] for s in store.list_load_samples()} != set(ids):
+                    assert time.monotonic() < deadline, "an instance has no load sample"
+                    time.sleep(0.2)
+            finally:
+                store.close()
+    finally:
+        c.stop()
+    assert "skipping" not in (tmp_path / "daemon.log").read_text()
 
 
 @pytest.mark.parametrize(
