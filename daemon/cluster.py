@@ -54,6 +54,15 @@ class LoadReport:
     held_kv_tokens: int = 0  # prefill: KV not yet pulled by a decode instance (inside kv_used_tokens)
 
 
+# what a report says, as opposed to when (the worker's timestamp): a decode instance's report that says
+# nothing new leaves the broadcast as it is
+_CONTENT = tuple(f.name for f in dataclasses.fields(LoadReport) if f.name != "timestamp")
+
+
+def _says_more(old: LoadReport, new: LoadReport) -> bool:
+    return any(getattr(old, f) != getattr(new, f) for f in _CONTENT)
+
+
 @dataclass(frozen=True)
 class Registration:
     instance_id: str
@@ -185,6 +194,7 @@ class Cluster:
         # work per interval is O(instances), not O(instances²) as when every answer was built afresh
         self._broadcast: tuple[DecodeBroadcast, DecodeBroadcast] | None = None
         self._built_at = 0.0
+        self._decode_news = False  # a decode instance reported a load the broadcast does not show yet
         # the routing index, per (role, model), of the active instances, and each model's catalogue entry:
         # built after a change of the registry, of a state or role (`invalidate`), kept current between by
         # load reports and `routed`, so a request reads them instead of scanning the registry
@@ -232,6 +242,8 @@ class Cluster:
         inst = self.instances.get(msg.instance_id)
         if inst is None:
             return False
+        if inst.role == "decode" and not self._decode_news and _says_more(inst.load, msg):
+            self._decode_news = True
         inst.load = msg
         inst.last_report = self.clock.now()
         inst.reports += 1
@@ -371,9 +383,13 @@ class Cluster:
     def decode_broadcast(self, role: str = "prefill") -> DecodeBroadcast:
         """The answer to a load report from an instance in `role`: the decode instances' load for a prefill
         instance (its dispatcher chooses from them), none for the others; the policies for all. Rebuilt at
-        most every half report interval, or after `invalidate`; between, the same objects."""
+        most every half report interval, and only when a decode instance's load changed (an idle cluster's
+        is built once), or at once after `invalidate`; between, the same objects."""
         now = self.clock.now()
-        if self._broadcast is None or now - self._built_at >= self.clock.model_seconds(self.report_interval_s / 2):
+        if self._broadcast is None or (
+            self._decode_news and now - self._built_at >= self.clock.model_seconds(self.report_interval_s / 2)
+        ):
+            self._decode_news = False
             full = DecodeBroadcast(
                 instances=[
                     DecodeInstanceLoad(i.id, i.address, self._broadcast_load(i), i.model)

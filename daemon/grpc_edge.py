@@ -28,7 +28,7 @@ def load_from_pb(msg: pb.LoadReport) -> LoadReport:
 
 
 def load_to_pb(load: LoadReport) -> pb.LoadReport:
-    return pb.LoadReport(**dataclasses.asdict(load))
+    return pb.LoadReport(**{name: getattr(load, name) for name in _LOAD_FIELDS})  # not asdict: it deep-copies
 
 
 def registration_from_pb(msg: pb.RegisterRequest) -> Registration:
