@@ -2,7 +2,7 @@
 its time per load report and per routing decision.
 
     python bench/scale_bench.py [--sizes 16,64,256] [--per-process 32] [--idle-s 10] [--rate 100]
-        [--load-s 10] [--time-scale 1000] [--pin] [--json]
+        [--load-s 10] [--time-scale 100] [--pin] [--json]
 
 For each size a daemon and sim workers start on loopback; the workers host `--per-process` instances
 each (`workers.main --instances`, one event loop, each instance its own gRPC port, registration and
@@ -13,7 +13,8 @@ each (`workers.main --instances`, one event loop, each instance its own gRPC por
   control overhead per request = (the daemon's CPU over the load phase − the idle rate × its wall time)
   / requests served;
 - the daemon's own histograms (/metrics), over the load phase: `tetri_report_seconds` (one load report
-  and the broadcast it is answered with) and `tetri_route_seconds` (choosing a request's entry
+  and the broadcast it is answered with), `tetri_broadcast_delay_seconds` (from a decode instance's new
+  load to the first broadcast showing it) and `tetri_route_seconds` (choosing a request's entry
   instance), mean and p99; `tetri_loop_lag_seconds` (how late its event loop wakes a 50 ms timer: what a
   relayed token waits behind the reports), p99 idle, mean and p99 under load.
 
@@ -146,6 +147,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, float]:
         h2 = scrape(url)
         report = window(h1["tetri_report_seconds"], h2["tetri_report_seconds"])
         route = window(h1["tetri_route_seconds"], h2["tetri_route_seconds"])
+        delay = window(h1["tetri_broadcast_delay_seconds"], h2["tetri_broadcast_delay_seconds"])
         lag_idle = window(h0["tetri_loop_lag_seconds"], h1["tetri_loop_lag_seconds"])
         lag_load = window(h1["tetri_loop_lag_seconds"], h2["tetri_loop_lag_seconds"])
         return {
@@ -155,6 +157,8 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, float]:
             "reports_per_s": report[0] / wall,
             "report_mean_us": report[1] * 1e6,
             "report_p99_us": report[2] * 1e6,
+            "broadcast_delay_mean_ms": delay[1] * 1e3,
+            "broadcast_delay_p99_ms": delay[2] * 1e3,
             "route_mean_us": route[1] * 1e6,
             "route_p99_us": route[2] * 1e6,
             "lag_idle_p99_ms": lag_idle[2] * 1e3,
@@ -175,7 +179,7 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--load-s", type=float, default=10.0)
-    ap.add_argument("--time-scale", type=float, default=1000.0)
+    ap.add_argument("--time-scale", type=float, default=100.0)
     ap.add_argument("--pin", action="store_true", help="the daemon alone on the first core, the rest on the others")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
     args = ap.parse_args()
@@ -192,10 +196,12 @@ def main() -> None:
         f"the daemon at each size ({'its own core' if args.pin else 'all cores shared with the workers'}; "
         f"{args.rate:g} req/s)",
         ["instances", "worker procs", "idle CPU (cores)", "reports/s", "report mean µs", "report p99 µs",
-         "route mean µs", "route p99 µs", "lag p99 ms idle", "lag mean/p99 ms", "served",
+         "to broadcast mean/p99 ms", "route mean µs", "route p99 µs", "lag p99 ms idle", "lag mean/p99 ms",
+         "served",
          "overhead ms/req", f"vs {rows[0]['instances']}"],
         [[r["instances"], r["processes"], f"{r['idle_cores']:.3f}", f"{r['reports_per_s']:.0f}",
-          f"{r['report_mean_us']:.0f}", f"{r['report_p99_us']:.0f}", f"{r['route_mean_us']:.1f}",
+          f"{r['report_mean_us']:.0f}", f"{r['report_p99_us']:.0f}",
+          f"{r['broadcast_delay_mean_ms']:.0f}/{r['broadcast_delay_p99_ms']:.0f}", f"{r['route_mean_us']:.1f}",
           f"{r['route_p99_us']:.1f}", f"{r['lag_idle_p99_ms']:.1f}",
           f"{r['lag_load_mean_ms']:.2f} / {r['lag_load_p99_ms']:.1f}", r["served"],
           f"{r['overhead_ms_per_request']:.2f}",

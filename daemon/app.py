@@ -99,6 +99,7 @@ def create_app(
             _record_gone(store, inst.id)
 
         cluster.on_removed = on_removed
+        cluster.on_broadcast = metrics.broadcast_delay.observe
         served = ServedModels()
         await start_control_plane(server, cluster, on_register, served.prepare, metrics.report.observe)
         app.state.served = served

@@ -1,8 +1,10 @@
 """The cluster monitor (TetriInfer §3.2): instance registry, load reports, health, decode-load
 broadcast, and the cluster clock every daemon timestamp comes from.
 
-Workers stream a load report every report interval; each report is answered with the decode load (what
-prefill dispatchers choose from; other roles get the policies only), built at most every half interval.
+Workers stream a load report every report interval; a report is answered with the decode load (what
+prefill dispatchers choose from; other roles get the policies only), built at most every half interval
+and only when a decode instance's load changed; the gRPC edge sends a stream only an answer newer than
+the last it sent there.
 An instance that misses `unhealthy_after` intervals is marked unhealthy and gets no new work until it
 reports again. Everything here is plain data: the ControlPlane gRPC service (`daemon.grpc_edge`) converts
 the wire messages to and from these classes.
@@ -194,7 +196,9 @@ class Cluster:
         # work per interval is O(instances), not O(instances²) as when every answer was built afresh
         self._broadcast: tuple[DecodeBroadcast, DecodeBroadcast] | None = None
         self._built_at = 0.0
-        self._decode_news = False  # a decode instance reported a load the broadcast does not show yet
+        self._news_at: float | None = None  # when a decode instance first reported what the broadcast lacks
+        # told, at each rebuild that shows news, the wall seconds since the first report it shows
+        self.on_broadcast: Callable[[float], None] | None = None
         # the routing index, per (role, model), of the active instances, and each model's catalogue entry:
         # built after a change of the registry, of a state or role (`invalidate`), kept current between by
         # load reports and `routed`, so a request reads them instead of scanning the registry
@@ -242,10 +246,11 @@ class Cluster:
         inst = self.instances.get(msg.instance_id)
         if inst is None:
             return False
-        if inst.role == "decode" and not self._decode_news and _says_more(inst.load, msg):
-            self._decode_news = True
+        now = self.clock.now()
+        if inst.role == "decode" and self._news_at is None and _says_more(inst.load, msg):
+            self._news_at = now
         inst.load = msg
-        inst.last_report = self.clock.now()
+        inst.last_report = now
         inst.reports += 1
         if inst.state == "unhealthy":
             log.warning("instance %s is reporting again", inst.id)
@@ -386,10 +391,13 @@ class Cluster:
         most every half report interval, and only when a decode instance's load changed (an idle cluster's
         is built once), or at once after `invalidate`; between, the same objects."""
         now = self.clock.now()
+        news = self._news_at
         if self._broadcast is None or (
-            self._decode_news and now - self._built_at >= self.clock.model_seconds(self.report_interval_s / 2)
+            news is not None and now - self._built_at >= self.clock.model_seconds(self.report_interval_s / 2)
         ):
-            self._decode_news = False
+            if news is not None and self.on_broadcast is not None:
+                self.on_broadcast((now - news) / self.clock.scale)
+            self._news_at = None
             full = DecodeBroadcast(
                 instances=[
                     DecodeInstanceLoad(i.id, i.address, self._broadcast_load(i), i.model)

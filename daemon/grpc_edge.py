@@ -87,6 +87,7 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
     async def ReportLoad(
         self, request_iterator: AsyncIterator[pb.LoadReport], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DecodeLoadBroadcast]:
+        sent = None  # the last answer on this stream: the worker keeps it until a newer one comes
         async for report in request_iterator:
             started = time.perf_counter()
             if not self.cluster.report(load_from_pb(report)):
@@ -100,10 +101,11 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
                     if len(self._converted) >= 4:  # only the current full and empty ones are asked for
                         self._converted.clear()
                     hit = self._converted[id(b)] = (b, broadcast_to_pb(b))
-                reply = hit[1]
+                reply = None if hit[1] is sent else hit[1]
             if self.on_report is not None:
                 self.on_report(time.perf_counter() - started)
             if reply is not None:
+                sent = reply
                 yield reply
 
 

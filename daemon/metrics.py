@@ -21,6 +21,7 @@ from .db.models import Phase
 
 IN_FLIGHT = tuple(p.value for p in Phase if p != Phase.DONE)
 _CPU = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
+_DELAY = (1e-3, 2.5e-3, 5e-3, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 _LAG = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0)
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -109,12 +110,17 @@ class Metrics:
         self.report = Tally(
             "tetri_report_seconds", "Taking one load report and building its decode-load broadcast (wall, daemon)", _CPU
         )
+        self.broadcast_delay = Tally(
+            "tetri_broadcast_delay_seconds",
+            "From a decode instance's report of a new load to the first broadcast showing it (wall, daemon)",
+            _DELAY,
+        )
         # how late the event loop runs what is ready: every relayed token and every load report waits as long
         self.loop_lag = Tally(
             "tetri_loop_lag_seconds", "How late the daemon's event loop wakes a timer (wall; see sample_loop_lag)", _LAG
         )
-        tallies = (self.tokens, self.ttft, self.jct, self.itl, self.route, self.report, self.loop_lag)
-        for c in (*tallies, _ClusterCollector(source)):
+        tallies = (self.ttft, self.jct, self.itl, self.route, self.report, self.broadcast_delay, self.loop_lag)
+        for c in (self.tokens, *tallies, _ClusterCollector(source)):
             self.registry.register(c)
         self.predictor_accuracy = Gauge(
             "tetri_predictor_accuracy", "Length predictor bucket accuracy", ["kind"], registry=self.registry

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -64,10 +65,14 @@ class ControlLink:
         self.interval = reply.report_interval_s or self.interval
 
     async def _reports(self) -> AsyncIterator[pb.LoadReport]:
+        # the first report at once, the second after a random part of an interval: instances that
+        # registered together (a worker process hosting several, a cluster starting) do not report in step
+        wait = random.uniform(0.0, self.interval)
         while not self._stop.is_set():
             yield self.service.load_report(self._now())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.interval)
+                await asyncio.wait_for(self._stop.wait(), wait)
+            wait = self.interval
 
     async def run(self) -> None:
         """Stay connected until stopped. A refused registration ends the worker (RegistrationRefused)."""

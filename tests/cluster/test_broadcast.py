@@ -3,6 +3,8 @@ decode instance's load changed, and at once after a change of the registry, a st
 
 from __future__ import annotations
 
+import pytest
+
 from daemon.cluster import Cluster, LoadReport, Registration
 from tetri.clock import ClusterClock
 from tetri.scheduling.policyset import PolicySet
@@ -45,17 +47,22 @@ def test_an_idle_clusters_broadcast_is_built_once() -> None:
 
 def test_a_changed_decode_load_shows_after_half_an_interval() -> None:
     c, clock = cluster_of("prefill", "decode")
+    delays: list[float] = []
+    c.on_broadcast = delays.append
     report(c, "w1", "decode", 7, ts=1.0)
     before = c.decode_broadcast()
+    assert delays == [0.0]  # shown by the broadcast built at once
     report(c, "w1", "decode", 9, ts=2.0)
     clock.t += 0.04
+    report(c, "w1", "decode", 11, ts=3.0)
     assert c.decode_broadcast() is before  # within half an interval: the same answer
     clock.t += 0.02
     after = c.decode_broadcast()
-    assert after is not before and [d.load.kv_used_tokens for d in after.instances] == [9]
-    report(c, "w0", "prefill", 500, ts=3.0)  # a prefill instance's load is not in the broadcast
+    assert after is not before and [d.load.kv_used_tokens for d in after.instances] == [11]
+    assert delays == [0.0, pytest.approx(0.06)]  # from the first report the broadcast lacked
+    report(c, "w0", "prefill", 500, ts=4.0)  # a prefill instance's load is not in the broadcast
     clock.t += 1.0
-    assert c.decode_broadcast() is after
+    assert c.decode_broadcast() is after and len(delays) == 2
 
 
 def test_a_state_registry_or_policy_change_shows_at_once() -> None:

@@ -315,8 +315,9 @@ def test_register_and_report_need_the_token() -> None:
 
 def test_report_load_answers_each_report_with_decode_load() -> None:
     """A prefill instance's report is answered with the decode instances' load (built at most every half
-    report interval: the same answer until then); a decode instance's report is not answered while its
-    policies are current (it dispatches nothing)."""
+    report interval: the same answer until then), once: a stream is not sent an answer it was sent
+    already; a decode instance's report is not answered while its policies are current (it dispatches
+    nothing)."""
 
     async def scenario() -> None:
         async with _control_plane() as (cluster, _, stub, _):
@@ -367,13 +368,23 @@ def test_report_load_answers_each_report_with_decode_load() -> None:
             assert by_id["d2"].load.kv_capacity_tokens == 5000  # a report without capacity keeps the registered one
             assert by_id["d1"].load.kv_used_tokens == 100
 
+            await asyncio.sleep(0.06)
+            await prefill.write(pb.LoadReport(instance_id="p1", role="prefill", state="active"))
             await decode.done_writing()
             assert await decode.read() is grpc.aio.EOF  # no answer to a decode instance: policies current
             await prefill.done_writing()
-            assert await prefill.read() is grpc.aio.EOF
+            assert await prefill.read() is grpc.aio.EOF  # nothing new since `second`: not sent again
             assert cluster.instances["d1"].reports == 1
             assert cluster.instances["d2"].reports == 1
-            assert cluster.instances["p1"].reports == 2
+            assert cluster.instances["p1"].reports == 3
+            again = stub.ReportLoad()  # a new stream (the worker reconnected) is sent the current answer
+            await again.write(pb.LoadReport(instance_id="p1", role="prefill", state="active"))
+            assert {d.instance_id: d.load.kv_used_tokens for d in (await again.read()).instances} == {
+                "d1": 100,
+                "d2": 700,
+            }
+            await again.done_writing()
+            assert await again.read() is grpc.aio.EOF
 
             # A report for an unknown instance (removed as dead, or never registered) ends the stream with
             # NOT_FOUND, so the worker's link registers again; nothing is added.
