@@ -304,6 +304,22 @@ class Cluster:
                 log.warning("instance %s missed %d reports: unhealthy", inst.id, self.unhealthy_after)
         return marked
 
+    def begin_flip(self, inst: Instance) -> None:
+        """The daemon starts flipping this instance: it leaves routing and the broadcast (peers stop
+        handing over to it) whatever its reports say, until `end_flip`."""
+        inst.flip_pending, inst.state = True, "draining"
+        self.invalidate()
+
+    def end_flip(self, inst: Instance, role: str | None) -> None:
+        """The flip ended: done (the instance now in `role`), or not (None: in its old role). It is active
+        again, unless it failed while a failed call had marked it unhealthy."""
+        inst.flip_pending = False
+        if role is not None:
+            inst.role = role
+        if role is not None or inst.state != "unhealthy":
+            inst.state = "active"
+        self.invalidate()
+
     def suspect(self, instance_id: str) -> None:
         """A call to this instance failed at the transport (it died or is unreachable): route nothing
         more to it until it reports again."""

@@ -83,9 +83,7 @@ class Flipper:
 
     async def start(self, instance_id: str, to_role: str | None, reason: str, requested_by: str) -> dict[str, Any]:
         inst, to = self.validate(instance_id, to_role)
-        inst.flip_pending = True
-        inst.state = "draining"
-        self.cluster.invalidate()  # peers stop handing over to it with the next broadcast
+        self.cluster.begin_flip(inst)
         started = self.clock.now()
         flip_id = await asyncio.to_thread(self.store.record_flip, inst.id, inst.role, to, reason, requested_by, started)
         task = asyncio.create_task(self._run(flip_id, inst, to))
@@ -108,7 +106,6 @@ class Flipper:
             reply = await self.workers.flip(inst.address, to, timeout=600)
             if reply.ok:
                 drained = self.clock.now()
-                inst.role = to
                 outcome = "done"
             else:
                 log.warning("flip of %s refused by the worker: %s", inst.id, reply.reason)
@@ -117,9 +114,7 @@ class Flipper:
             log.warning("flip of %s failed: %s", inst.id, e.code)
             outcome = f"failed: {e.code}"[:32]
         finally:
-            inst.flip_pending = False
-            inst.state = "active" if outcome == "done" or inst.state != "unhealthy" else inst.state
-            self.cluster.invalidate()
+            self.cluster.end_flip(inst, to if outcome == "done" else None)
             fields: dict[str, Any] = {"done_ts": self.clock.now(), "outcome": outcome}
             if drained is not None:
                 fields["drained_ts"] = drained

@@ -80,14 +80,11 @@ def test_the_index_routes_as_the_registry_scan_did(start: list[tuple[str, str]],
             cluster.routed(inst, o[2])
         elif kind == "suspect":
             cluster.suspect(iid)
-        elif kind == "flip" and inst is not None:  # as daemon.flips does: start, then end (to the other role)
+        elif kind == "flip" and inst is not None:  # as daemon.flips does: start, then end (done or not)
             if not inst.flip_pending:
-                inst.flip_pending, inst.state = True, "draining"
+                cluster.begin_flip(inst)
             else:
-                inst.flip_pending, inst.state = False, "active"
-                if o[2]:
-                    inst.role = "decode" if inst.role == "prefill" else "prefill"
-            cluster.invalidate()
+                cluster.end_flip(inst, ("decode" if inst.role == "prefill" else "prefill") if o[2] else None)
         elif kind == "expire" and inst is not None:  # silent past the dead limit: removed
             inst.last_report = -1e9
             cluster.check_health()
