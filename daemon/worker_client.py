@@ -3,24 +3,26 @@ each worker's one Serve stream; Cancel, Flip, SetPlan, Info) over cached channel
 plain data. A failed call raises `WorkerCallError` naming the gRPC status, so the rest of the daemon never
 sees gRPC or protobuf.
 
-A token stream (`generate`, `attach`) is an async generator: closing it (or leaving it early and letting
-it be collected) cancels the call on the worker. Every token stream to one worker is a call multiplexed
-on one long-lived `Serve` stream (`tetri.proto.serve`): a request costs part of a message each way, not a
-gRPC call (docs/cluster.md, "The Serve stream"). The stream breaking ends each call on it with
-`WorkerCallError`; the next call opens another.
+A token stream (`generate`, `attach`) is a `Call` whose answers go to a `CallReceiver` as the worker's
+messages are read: `tokens(ids)` for each engine step's tokens, `end(chunk)` once, `lost(error)` when the
+stream breaks. `Call.leave()` before its end cancels it on the worker. Every token stream to one worker is
+a call multiplexed on one long-lived `Serve` stream (`tetri.proto.serve`): a request costs part of a
+message each way, not a gRPC call, and a token no task switch of its own (docs/cluster.md, "The Serve
+stream"). The stream breaking ends each call on it with `WorkerCallError`; the next call opens another.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 
 from tetri.proto import pb
 from tetri.proto.peers import Peers
 from tetri.proto.security import NO_TLS, Tls
-from tetri.proto.serve import ServeStreams, StreamBroken
+from tetri.proto.serve import Answer, ServeStream, ServeStreams, StreamBroken
 from tetri.sampling import GREEDY, Sampling
 
 from .cluster import LoadReport
@@ -92,6 +94,54 @@ def _chunk(c: pb.TokenChunk) -> TokenChunk:
     )
 
 
+class CallReceiver(Protocol):
+    """Where a token stream's answers go (called as the worker's messages are read, one at a time)."""
+
+    def tokens(self, ids: list[int]) -> None:
+        """Tokens the worker produced since the previous answer."""
+
+    def end(self, chunk: TokenChunk) -> None:
+        """The call's last chunk: finished, or (a prefill worker's) the hand-off; it may carry tokens."""
+
+    def lost(self, error: WorkerCallError) -> None:
+        """The worker was lost at the transport (died, unreachable): the call is over."""
+
+
+class Call:
+    """A token stream on a worker's Serve stream (`WorkerClient.generate`/`attach`)."""
+
+    __slots__ = ("_id", "_left", "_receiver", "_stream", "tokens")
+
+    def __init__(self, stream: ServeStream, receiver: CallReceiver, op: dict[str, object]) -> None:
+        self._stream = stream
+        self._receiver = receiver
+        self._left = False
+        self.tokens = receiver.tokens  # the Serve stream's reader calls the receiver's directly
+        self._id = stream.open(self, **op)  # type: ignore[arg-type]
+
+    def answer(self, item: Answer | StreamBroken) -> None:
+        if isinstance(item, StreamBroken):
+            self._close(True)
+            self._receiver.lost(WorkerCallError(item.code, item.details))
+        elif not isinstance(item, pb.TokenChunk):  # the daemon makes no Accept calls
+            self._close(True)
+            self._receiver.lost(WorkerCallError("INTERNAL", f"a {type(item).__name__} on a token stream"))
+        elif item.finished or item.HasField("handoff"):
+            self._close(True)
+            self._receiver.end(_chunk(item))
+        elif item.token_ids:  # tokens sent as a chunk (not packed): the same as packed ones
+            self._receiver.tokens(list(item.token_ids))
+
+    def leave(self) -> None:
+        """Done with the call: one not over yet is cancelled on the worker; its answers stop."""
+        self._close(False)
+
+    def _close(self, finished: bool) -> None:
+        if not self._left:
+            self._left = True
+            self._stream.leave(self._id, finished)
+
+
 def _error(e: grpc.aio.AioRpcError) -> WorkerCallError:
     return WorkerCallError(e.code().name, e.details() or "")
 
@@ -103,27 +153,6 @@ class WorkerClient:
         self._peers = Peers(token, tls)
         self._serving = ServeStreams(self._peers)
 
-    async def _stream(
-        self, address: str, **op: pb.GenerateRequest | pb.AttachRequest
-    ) -> AsyncGenerator[TokenChunk, None]:
-        serving = self._serving.to(address)
-        call, queue = serving.open(**op)
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, StreamBroken):
-                    raise WorkerCallError(item.code, item.details)
-                if not isinstance(item, pb.TokenChunk):  # the daemon makes no Accept calls
-                    raise WorkerCallError("INTERNAL", f"a {type(item).__name__} on a token stream")
-                chunk = _chunk(item)
-                finished = chunk.finished or chunk.handoff is not None
-                yield chunk
-                if finished:
-                    return
-        finally:
-            serving.leave(call, finished)
-
     def generate(
         self,
         address: str,
@@ -134,9 +163,11 @@ class WorkerClient:
         decode_instance_id: str = "",
         resumed_tokens: int = 0,
         sampling: Sampling = GREEDY,
-    ) -> AsyncGenerator[TokenChunk, None]:
-        """Run a request from its prompt; `resumed_tokens` > 0: a migrated request whose last that many
-        prompt tokens are outputs already streamed."""
+        *,
+        receiver: CallReceiver,
+    ) -> Call:
+        """Run a request from its prompt, its answers to `receiver`; `resumed_tokens` > 0: a migrated
+        request whose last that many prompt tokens are outputs already streamed."""
         lo, hi = predicted or (0, 0)
         req = pb.GenerateRequest(
             request_id=request_id,
@@ -148,10 +179,11 @@ class WorkerClient:
             resumed_tokens=resumed_tokens,
             sampling=sampling_to_pb(sampling),
         )
-        return self._stream(address, generate=req)
+        return Call(self._serving.to(address), receiver, {"generate": req})
 
-    def attach(self, address: str, request_id: str) -> AsyncGenerator[TokenChunk, None]:
-        return self._stream(address, attach=pb.AttachRequest(request_id=request_id))
+    def attach(self, address: str, request_id: str, *, receiver: CallReceiver) -> Call:
+        """A decode worker's tokens of a handed-over request (after the first), its answers to `receiver`."""
+        return Call(self._serving.to(address), receiver, {"attach": pb.AttachRequest(request_id=request_id)})
 
     async def cancel(self, address: str, request_id: str, timeout: float) -> bool:
         """Abort the request on that worker; True if the worker had it."""

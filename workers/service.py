@@ -1,7 +1,9 @@
 """The Worker gRPC service over an `Engine`: prefill with KV hand-over, decode, colocated.
 
 A thin shell: the engine computes, `tetri.scheduling.routing` chooses the decode instance, this module
-moves messages. Tokens are coalesced: a chunk carries every token produced since the previous one.
+moves messages. Tokens are coalesced: a call's tokens produced since its previous answer go together, and
+every call's go out in one `ServeDown` per engine step, packed (`Tokens`: a plain list of ids; only a
+call's end is a `TokenChunk`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from tetri.gcheap import freeze_startup_heap
 from tetri.loopqueue import LoopQueue
 from tetri.proto import pb, rpc
 from tetri.proto.peers import Peers
-from tetri.proto.serve import Answer, ServeStreams, StreamBroken
+from tetri.proto.serve import Answer, AnswerQueue, ServeStreams, StreamBroken
 from tetri.sampling import GREEDY, Sampling
 from tetri.scheduling.dispatch import DecodeLoad, DispatchView
 from tetri.scheduling.flip import flip_refusal
@@ -107,8 +109,12 @@ async def _pump(source: AsyncIterator[int], queue: LoopQueue[object]) -> None:
         raise
 
 
-async def _chunks(rid: str, queue: LoopQueue[object], produced: int, limit: int) -> AsyncIterator[pb.TokenChunk]:
-    """Read a token queue and yield coalesced chunks; the last chunk says why it ended."""
+Tokens = list[int]  # a call's tokens since its previous answer; the call goes on
+Reply = Tokens | pb.TokenChunk  # what a Generate or Attach call yields: tokens, then its end
+
+
+async def _chunks(rid: str, queue: LoopQueue[object], produced: int, limit: int) -> AsyncIterator[Reply]:
+    """Read a token queue and yield the tokens coalesced; the last chunk says why it ended."""
     while True:
         item = await queue.get()
         toks: list[int] = []
@@ -123,7 +129,7 @@ async def _chunks(rid: str, queue: LoopQueue[object], produced: int, limit: int)
             item = queue.get_nowait()
         produced += len(toks)
         if end is None:
-            yield pb.TokenChunk(request_id=rid, token_ids=toks)
+            yield toks
             continue
         if isinstance(end, EngineError):
             reason = "abort" if str(end) == "aborted" else "error"
@@ -227,7 +233,7 @@ class WorkerService(rpc.WorkerServicer):
         `generate`/`attach` runs as its own task, whose chunks (tagged with the call) go out coalesced, one
         message for all chunks and replies ready; an `accept` is answered by one `AcceptReply`; `close`
         cancels a call (as a client leaving a stream would); the stream ending cancels them all."""
-        out: LoopQueue[pb.TokenChunk | pb.AcceptReply | None] = LoopQueue()
+        out: LoopQueue[tuple[int, Tokens] | pb.TokenChunk | pb.AcceptReply | None] = LoopQueue()
         loop = asyncio.get_running_loop()  # once: looking it up costs a system call on 3.11 (tetri.loopqueue)
         calls: dict[int, asyncio.Task[None]] = {}
 
@@ -242,12 +248,15 @@ class WorkerService(rpc.WorkerServicer):
             reply.call = call
             out.put_nowait(reply)
 
-        async def run(call: int, chunks: AsyncIterator[pb.TokenChunk], rid: str) -> None:
+        async def run(call: int, chunks: AsyncIterator[Reply], rid: str) -> None:
             try:
                 async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                     async for chunk in chunks:
-                        chunk.call = call
-                        out.put_nowait(chunk)
+                        if isinstance(chunk, list):
+                            out.put_nowait((call, chunk))
+                        else:
+                            chunk.call = call
+                            out.put_nowait(chunk)
             except Exception as e:  # a fault in this call ends it alone, with the reason
                 log.exception("call %d (request %s) failed", call, rid)
                 chunk = _error_chunk(rid, f"worker {self.instance_id}: {type(e).__name__}: {e}")
@@ -291,9 +300,23 @@ class WorkerService(rpc.WorkerServicer):
                         end = True
                         break
                     batch.append(item)
-                chunks = [c for c in batch if isinstance(c, pb.TokenChunk)]
-                replies = [r for r in batch if isinstance(r, pb.AcceptReply)]
-                yield pb.ServeDown(chunks=chunks, replies=replies)
+                token_calls: list[int] = []
+                counts: list[int] = []
+                tokens: list[int] = []
+                chunks: list[pb.TokenChunk] = []
+                replies: list[pb.AcceptReply] = []
+                for item in batch:
+                    if type(item) is tuple:
+                        token_calls.append(item[0])
+                        counts.append(len(item[1]))
+                        tokens += item[1]
+                    elif isinstance(item, pb.TokenChunk):
+                        chunks.append(item)
+                    else:
+                        replies.append(item)  # type: ignore[arg-type]
+                yield pb.ServeDown(
+                    chunks=chunks, replies=replies, token_calls=token_calls, token_counts=counts, tokens=tokens
+                )
                 if end:
                     return
         finally:
@@ -303,7 +326,7 @@ class WorkerService(rpc.WorkerServicer):
                 task.cancel()
             await asyncio.gather(reader, *running, return_exceptions=True)
 
-    async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.TokenChunk]:
+    async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[Reply]:
         """A Generate call: colocated, every token; prefill, the first token then the hand-off chunk."""
         req = self._req(request)
         if self.state != "active":
@@ -332,7 +355,7 @@ class WorkerService(rpc.WorkerServicer):
         finally:
             self.prefilling -= 1
 
-    async def _prefill(self, request: pb.GenerateRequest, req: EngineRequest) -> AsyncIterator[pb.TokenChunk]:
+    async def _prefill(self, request: pb.GenerateRequest, req: EngineRequest) -> AsyncIterator[Reply]:
         rid = req.request_id
         if self.predictor is not None and not request.predicted_lo:
             # the length predictor runs beside the prefill (TetriInfer §3.3.2); the sim engine's
@@ -363,11 +386,11 @@ class WorkerService(rpc.WorkerServicer):
 
     async def _hand_over(
         self, request: pb.GenerateRequest, rid: str, first_token: int, kv: KVHandle
-    ) -> AsyncIterator[pb.TokenChunk]:
+    ) -> AsyncIterator[Reply]:
         """The first token, then a decode instance takes the KV (its Accept is answered once its admission
         pulled it), then the hand-off chunk; or the reason none did. `Cancel` meanwhile ends it with
         "abort"."""
-        yield pb.TokenChunk(request_id=rid, token_ids=[first_token])
+        yield [first_token]
         accept = pb.AcceptRequest(
             request=request,
             first_token=first_token,
@@ -390,7 +413,8 @@ class WorkerService(rpc.WorkerServicer):
             # instance has taken the KV (its admission pulled it), which may wait behind its queue: no
             # deadline. Leaving the call unanswered drops the request there too.
             stream = self.serving.to(address)
-            call, answers = stream.open(accept=accept)
+            answers = AnswerQueue()
+            call = stream.open(answers, accept=accept)
             self.handing_over[rid] = answers
             got: object = None
             try:
@@ -492,7 +516,7 @@ class WorkerService(rpc.WorkerServicer):
             job.produced += 1
             yield tok
 
-    async def attach(self, request: pb.AttachRequest) -> AsyncIterator[pb.TokenChunk]:
+    async def attach(self, request: pb.AttachRequest) -> AsyncIterator[Reply]:
         """An Attach call (decode): the tokens after the first, buffered since Accept."""
         rid = request.request_id
         job = self.jobs.get(rid)
@@ -502,9 +526,9 @@ class WorkerService(rpc.WorkerServicer):
         finished = False
         try:
             async for chunk in _chunks(rid, job.queue, 1, job.req.max_tokens):
-                finished = chunk.finished
-                if finished:
-                    chunk.kv_loaded_tokens = self._kv_loaded(rid, job)
+                if type(chunk) is not list:
+                    finished = True
+                    chunk.kv_loaded_tokens = self._kv_loaded(rid, job)  # type: ignore[union-attr]
                 yield chunk
         finally:
             self.jobs.pop(rid, None)

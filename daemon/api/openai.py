@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -19,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from tetri.sampling import Sampling
 
 from ..db.models import Status
-from ..gateway import Failed, Finished, Gateway, Tokens, new_request_id
+from ..gateway import Failed, Finished, Gateway, new_request_id
 from ..served import ServedModels
 from ..textstream import TextStream
 from ..tokenizer import Tokenizer, TokenizerError, render
@@ -38,7 +40,7 @@ from .schemas import (
     errors,
     usage,
 )
-from .sse import EventStream, Final
+from .sse import EventStream, Write
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 CODES = errors(400, 401, 404, 409, 413, 502, 503)
@@ -141,7 +143,7 @@ class _Job:
     model: str
     prompt_tokens: int
     created: int
-    events: AsyncIterator[Tokens | Finished | Failed]
+    serve: Callable[..., Awaitable[Finished | Failed]]  # Gateway.serve with the request bound: (out=…)
     include_usage: bool
     with_ids: bool
 
@@ -223,33 +225,44 @@ async def _admit(
     sampling = _sampling(body, tok)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     text = TextStream(tok.decoder(ids), stop, frozenset(sampling.stop_token_ids)) if tok is not None else None
-    events = gw.run(
+    serve = partial(
+        gw.serve,
         rid,
         body.model,
         ids,
         want,
-        sla.sla_ttft_ms if sla else None,
-        sla.sla_jct_ms if sla else None,
+        sla_ttft_ms=sla.sla_ttft_ms if sla else None,
+        sla_jct_ms=sla.sla_jct_ms if sla else None,
         pin=pin,
         sampling=sampling,
         text=text,
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return _Job(rid, body.model, len(ids), int(time.time()), events, include_usage, body.return_token_ids)
+    return _Job(rid, body.model, len(ids), int(time.time()), serve, include_usage, body.return_token_ids)
+
+
+class _Whole:
+    """A non-streamed answer's output: its text and token ids, gathered."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.ids: list[int] = []
+
+    def tokens(self, ids: list[int], text: str) -> None:
+        self.parts.append(text)
+        self.ids += ids
+
+    async def flush(self) -> None:
+        pass
 
 
 async def _collect(job: _Job) -> tuple[str, list[int], str] | Failed:
     """A whole answer: its text, token ids and finish reason, or the failure."""
-    parts: list[str] = []
-    toks: list[int] = []
-    async for ev in job.events:
-        if isinstance(ev, Failed):
-            return ev
-        if isinstance(ev, Finished):
-            return "".join(parts), toks, ev.reason
-        parts.append(ev.text)
-        toks.extend(ev.ids)
-    return Failed("stream ended without a result")
+    out = _Whole()
+    end = await job.serve(out=out)
+    if isinstance(end, Failed):
+        return end
+    return "".join(out.parts), out.ids, end.reason
 
 
 @router.post("/v1/completions", response_model=None, responses=CODES)
@@ -304,22 +317,6 @@ def _failure_code(ev: Failed) -> str:
     return "daemon_shutdown" if ev.status == Status.INTERRUPTED else "worker_failed"
 
 
-def _frame(job: _Job, chat: bool, ev: Tokens | Finished) -> dict[str, Any] | None:
-    """One SSE chunk of a stream (None: nothing to send yet); the finishing one carries the reason."""
-    ids: list[int] | None = None
-    if job.with_ids:
-        ids = [] if isinstance(ev, Finished) else ev.ids
-    if isinstance(ev, Finished):
-        text, reason = "", ev.reason
-    elif ev.text or ids:
-        text, reason = ev.text, None
-    else:
-        return None
-    if chat:
-        return chat_chunk(job.rid, job.created, job.model, {"content": text} if text else {}, reason, None, ids)
-    return completion_chunk(job.rid, job.created, job.model, text, reason, None, ids)
-
-
 def _usage_chunk(job: _Job, chat: bool, n: int) -> dict[str, Any]:
     """The last chunk when `stream_options.include_usage`: no choices, the usage."""
     u = usage(job.prompt_tokens, n)
@@ -347,24 +344,101 @@ def sse_data(body: dict[str, Any]) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-async def _sse(job: _Job, chat: bool) -> AsyncGenerator[bytes, None]:
-    """The stream's events; its end (the finishing chunk, the usage, `[DONE]`) in one last `Final` piece."""
-    if chat:  # the first chunk names the role, as OpenAI's and vLLM's do
-        yield sse_data(chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None))
-    n = 0
-    async for ev in job.events:
-        if isinstance(ev, Failed):
-            yield Final(sse_data(error_body(ev.message, "APIError", None, _failure_code(ev))) + DONE)
-            return
-        if isinstance(ev, Tokens):
-            n += len(ev.ids)
-        body = _frame(job, chat, ev)
-        if isinstance(ev, Finished):
-            tail = sse_data(body) if body is not None else b""
-            if job.include_usage:
-                tail += sse_data(_usage_chunk(job, chat, n))
-            yield Final(tail + DONE)
-            return
-        if body is not None:
-            yield sse_data(body)
-    yield Final(DONE)
+class _Frames:
+    """A stream's token chunks as SSE frames, built as bytes: the chunk's JSON (`chat_chunk`,
+    `completion_chunk`) is dumped once per stream with placeholders, and a frame is its constant pieces
+    around the text's JSON (and the ids'), so a token costs no dict and no whole-document dump."""
+
+    # placeholders, where the text and the ids go: a NUL (JSON escapes it) and a random tag, which nothing
+    # else in the chunk (its id, its model's name) can hold
+    _TEXT = "\x00" + os.urandom(8).hex()
+    _IDS = "\x00" + os.urandom(8).hex()
+
+    def __init__(self, job: _Job, chat: bool) -> None:
+        ids: Any = self._IDS if job.with_ids else None
+        self.with_ids = job.with_ids
+        rid, created, model = job.rid, job.created, job.model
+        if chat:
+            self.text = self._split(chat_chunk(rid, created, model, {"content": self._TEXT}, None, None, ids))
+            self.bare = self._split(chat_chunk(rid, created, model, {}, None, None, ids))  # no text
+        else:
+            self.text = self._split(completion_chunk(job.rid, job.created, job.model, self._TEXT, None, None, ids))
+            self.bare = []
+
+    def _split(self, body: dict[str, Any]) -> list[bytes]:
+        """The frame's constant pieces, around its text and ids (where they are)."""
+        raw = sse_data(body)
+        pieces: list[bytes] = []
+        for part in raw.split(orjson.dumps(self._TEXT)):
+            pieces += part.split(orjson.dumps(self._IDS)) if self.with_ids else [part]
+        return pieces
+
+    def frame(self, ids: list[int], text: str) -> bytes:
+        if not text and self.bare:
+            pieces, values = self.bare, [orjson.dumps(ids)] if self.with_ids else []
+        else:
+            pieces, values = self.text, [_json_text(text)]
+            if self.with_ids:
+                values.append(orjson.dumps(ids))
+        out = pieces[0]
+        for value, piece in zip(values, pieces[1:], strict=True):
+            out += value + piece
+        return out
+
+
+def _json_text(text: str) -> bytes:
+    """A text as JSON, safe for line readers that split on Unicode line breaks (as `sse_data`)."""
+    raw = orjson.dumps(text)
+    if b"\xc2\x85" in raw or b"\xe2\x80" in raw:
+        for ch, esc in _LINE_BREAKING:
+            raw = raw.replace(ch, esc)
+    return raw
+
+
+class _Stream:
+    """A streamed answer's output: each engine step's tokens become a frame, buffered until `flush`."""
+
+    def __init__(self, frames: _Frames, write: Write) -> None:
+        self.frames = frames
+        self.write = write
+        self.buffer = b""
+        self.count = 0  # tokens that count, for the usage chunk
+
+    def tokens(self, ids: list[int], text: str) -> None:
+        self.count += len(ids)
+        if text or (ids and self.frames.with_ids):
+            self.buffer += self.frames.frame(ids, text)
+
+    async def flush(self) -> None:
+        if self.buffer:
+            data, self.buffer = self.buffer, b""
+            await self.write(data)
+
+    def take(self) -> bytes:
+        data, self.buffer = self.buffer, b""
+        return data
+
+
+def _sse(job: _Job, chat: bool) -> Callable[[Write], Awaitable[bytes]]:
+    """The stream's body: the request served with its frames written as they come; returns its last piece
+    (what is buffered, the finishing chunk, the usage, `[DONE]`), which goes out with the response's end."""
+
+    async def body(write: Write) -> bytes:
+        if chat:  # the first chunk names the role, as OpenAI's and vLLM's do
+            role = {"role": "assistant", "content": ""}
+            await write(sse_data(chat_chunk(job.rid, job.created, job.model, role, None)))
+        out = _Stream(_Frames(job, chat), write)
+        end = await job.serve(out=out)
+        tail = out.take()
+        if isinstance(end, Failed):
+            return tail + sse_data(error_body(end.message, "APIError", None, _failure_code(end))) + DONE
+        ids: list[int] | None = [] if job.with_ids else None
+        if chat:
+            tail += sse_data(chat_chunk(job.rid, job.created, job.model, {}, end.reason, None, ids))
+        else:
+            tail += sse_data(completion_chunk(job.rid, job.created, job.model, "", end.reason, None, ids))
+        if job.include_usage:
+            tail += sse_data(_usage_chunk(job, chat, out.count))
+        return tail + DONE
+
+    return body

@@ -126,17 +126,6 @@ class BatchWriter:
             self._pending.updates.setdefault(request_id, {}).update(fields)
         self._maybe_wake()
 
-    def submit_progress(self, request_id: str, output_tokens: int) -> None:
-        """A running request's output count, as `submit_request_update(request_id, output_tokens=…)` but
-        without its checks: the gateway calls it for every chunk of tokens."""
-        self._check_open()
-        row = self._pending.inserts.get(request_id)
-        if row is None:
-            row = self._pending.updates.get(request_id)
-            if row is None:
-                row = self._pending.updates[request_id] = {}
-        row["output_tokens"] = output_tokens
-
     def submit_load_samples(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Queue load-sample rows. MUST fail with `ValueError` on an unknown field; `WriterClosedError`
         after stop()."""

@@ -18,7 +18,7 @@ import pytest
 
 from daemon.cluster import Cluster, Instance, LoadReport
 from daemon.grpc_edge import ControlPlaneService
-from daemon.worker_client import Handoff, WorkerCallError, WorkerClient
+from daemon.worker_client import Call, Handoff, TokenChunk, WorkerCallError, WorkerClient
 from tetri.clock import ScaledClock
 from tetri.costmodel import load_profile
 from tetri.proto import pb, rpc
@@ -158,7 +158,10 @@ class _Call:
         while not self._ready:
             down = await self._stream.read()
             assert down is not grpc.aio.EOF, "the Serve stream ended before the call did"
-            assert all(c.call == 1 for c in down.chunks)
+            assert all(c.call == 1 for c in down.chunks) and all(c == 1 for c in down.token_calls)
+            assert sum(down.token_counts) == len(down.tokens)
+            if down.tokens:  # the call's packed tokens come before its end in the same message
+                self._ready.append(pb.TokenChunk(request_id="", token_ids=down.tokens, call=1))
             self._ready.extend(down.chunks)
         chunk = self._ready.pop(0)
         if chunk.finished or chunk.HasField("handoff"):
@@ -197,6 +200,49 @@ async def _collect(call: _Call) -> list[pb.TokenChunk]:
 
 def _tokens(chunks: list[pb.TokenChunk]) -> list[int]:
     return [t for c in chunks for t in c.token_ids]
+
+
+class _Stream:
+    """A WorkerClient call's answers, awaited one at a time (as TokenChunks; the end raises when lost)."""
+
+    def __init__(self, start: Callable[..., Call]) -> None:
+        self._answers: asyncio.Queue[TokenChunk | WorkerCallError] = asyncio.Queue()
+        self.call = start(receiver=self)
+        self.over = False
+
+    def tokens(self, ids: list[int]) -> None:
+        self._answers.put_nowait(TokenChunk("", ids))
+
+    def end(self, chunk: TokenChunk) -> None:
+        self._answers.put_nowait(chunk)
+
+    def lost(self, error: WorkerCallError) -> None:
+        self._answers.put_nowait(error)
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> TokenChunk:
+        if self.over:
+            raise StopAsyncIteration
+        got = await self._answers.get()
+        if isinstance(got, WorkerCallError):
+            self.over = True
+            raise got
+        self.over = got.finished or got.handoff is not None
+        return got
+
+    async def aclose(self) -> None:
+        self.call.leave()
+        self.over = True
+
+
+def _generate_on(client: WorkerClient, *args: Any) -> _Stream:
+    return _Stream(lambda receiver: client.generate(*args, receiver=receiver))
+
+
+def _attach_on(client: WorkerClient, address: str, rid: str) -> _Stream:
+    return _Stream(lambda receiver: client.attach(address, rid, receiver=receiver))
 
 
 def _broadcast(*decodes: Node, state: str = "active") -> pb.DecodeLoadBroadcast:
@@ -546,10 +592,10 @@ def test_worker_client_answers_in_plain_data() -> None:
             ):
                 p1.service.decode_view.update(decode_loads(_broadcast(d1)))
                 prompt = _prompt(30)
-                chunks = [c async for c in client.generate(p1.address, "w1", prompt, 12)]
+                chunks = [c async for c in _generate_on(client, p1.address, "w1", prompt, 12)]
                 assert [len(c.token_ids) for c in chunks] == [1, 0]
                 assert chunks[-1].handoff == Handoff("d1", d1.address)
-                rest = [c async for c in client.attach(d1.address, "w1")]
+                rest = [c async for c in _attach_on(client, d1.address, "w1")]
                 assert rest[-1].finished and rest[-1].finish_reason == "length"
                 tokens = [t for c in chunks + rest for t in c.token_ids]
                 assert tokens == [sim_token(prompt, i, VOCAB) for i in range(12)]
@@ -563,7 +609,7 @@ def test_worker_client_answers_in_plain_data() -> None:
                 plan = await client.set_plan(p1.address, ["a", "b"], timeout=5)
                 assert not plan.ok and "prefill" in plan.reason
 
-                stream = client.generate(c1.address, "long", _prompt(10), 2000)
+                stream = _generate_on(client, c1.address, "long", _prompt(10), 2000)
                 first = await stream.__anext__()
                 assert first.token_ids and not first.finished
                 await stream.aclose()
@@ -594,9 +640,10 @@ def test_calls_multiplex_on_one_serve_stream() -> None:
                 prompts = {f"m{i}": _prompt(10 + i, seed=i) for i in range(8)}
 
                 async def run(rid: str, n: int) -> list[int]:
-                    return [t async for c in client.generate(c1.address, rid, prompts[rid], n) for t in c.token_ids]
+                    stream = _generate_on(client, c1.address, rid, prompts[rid], n)
+                    return [t async for c in stream for t in c.token_ids]
 
-                left = client.generate(c1.address, "left", _prompt(12), 2000)
+                left = _generate_on(client, c1.address, "left", _prompt(12), 2000)
                 assert (await left.__anext__()).token_ids
                 outs = await asyncio.gather(*(run(rid, 6 + i) for i, rid in enumerate(prompts)))
                 for i, prompt in enumerate(prompts.values()):
@@ -609,13 +656,13 @@ def test_calls_multiplex_on_one_serve_stream() -> None:
                 assert c1.service.generating == {} and c1.engine.usage().running == 0
                 assert len(client._serving) == 1  # one stream carried them all
 
-                open_call = client.generate(c1.address, "open", _prompt(12), 2000)
+                open_call = _generate_on(client, c1.address, "open", _prompt(12), 2000)
                 assert (await open_call.__anext__()).token_ids
             with pytest.raises(WorkerCallError):  # the worker stopped under the open call
                 async for _ in open_call:
                     pass
             with pytest.raises(WorkerCallError) as exc:  # and nothing listens there any more
-                _ = [c async for c in client.generate(c1.address, "after", _prompt(12), 4)]
+                _ = [c async for c in _generate_on(client, c1.address, "after", _prompt(12), 4)]
             assert exc.value.code == "UNAVAILABLE"
         finally:
             await client.close()

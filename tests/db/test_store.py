@@ -311,34 +311,6 @@ def test_writer_merges_updates_to_one_row_write(store: Store) -> None:
     assert row is not None and (row["output_tokens"], row["phase"], row["decode_instance"]) == (99, "decode", "d0")
 
 
-def test_writer_progress_merges_like_an_update(store: Store) -> None:
-    """submit_progress (the per-chunk output count) lands as an output_tokens update: merged into a pending
-    insert, or into the row's pending update, one row write either way."""
-    store.insert_request(**_req("r", 1.0))
-
-    async def main() -> None:
-        writer = BatchWriter(store, flush_interval_s=10.0)
-        await writer.start()
-        try:
-            writer.submit_request_insert(**_req("new", 2.0))
-            for i in range(50):
-                writer.submit_progress("r", i)
-                writer.submit_progress("new", i + 1)
-            writer.submit_request_update("r", phase=Phase.DECODE)
-            assert writer.pending == 2
-            await writer.flush()
-            assert (writer.flushes, writer.rows_written) == (1, 2)
-        finally:
-            await writer.stop()
-        with pytest.raises(WriterClosedError):
-            writer.submit_progress("r", 1)
-
-    asyncio.run(main())
-    old, new = store.get_request("r"), store.get_request("new")
-    assert old is not None and (old["output_tokens"], old["phase"]) == (49, "decode")
-    assert new is not None and new["output_tokens"] == 50
-
-
 def test_writer_inserts_and_updates_in_one_transaction(store: Store) -> None:
     _instance(store)
     store.insert_request(**_req("old", 1.0))

@@ -166,7 +166,7 @@ def test_pending_fields_are_what_is_queued_until_it_is_written(tmp_path: Path) -
             }  # fmt: skip
             await writer.flush()
             assert writer.pending_fields("a") is None
-            writer.submit_progress("a", 9)
+            writer.submit_request_update("a", output_tokens=9)
             assert writer.pending_fields("a") == {"output_tokens": 9}
             await writer.stop()
 

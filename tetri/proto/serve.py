@@ -3,10 +3,12 @@
 The daemon's calls to a worker (Generate, Attach) and a prefill worker's calls to a decode worker (Accept)
 are each a call on the caller's one `Serve` stream to that worker (not a gRPC call each): a call costs a
 `ServeUp` to start it, and every `ServeUp` queued while the previous message was being written goes out in
-one `ServeUps` message; the worker answers every call's ready chunks (`TokenChunk`) and replies
-(`AcceptReply`) together in one `ServeDown` (workers.service). Each call has a queue its answers are sorted
-into; the stream breaking puts `StreamBroken` into every call's queue, and the next call opens another
-stream.
+one `ServeUps` message. The worker answers every call's ready tokens, ends (`TokenChunk`) and replies
+(`AcceptReply`) together in one `ServeDown` (workers.service): one message per engine step, its tokens
+packed. Each call has a `Receiver`, called from the stream's reader as a message is read: `tokens` with the
+call's new ids (a plain list: no protobuf object, no queue, no task per call and step), `answer` with its
+end, its reply, or `StreamBroken` when the stream breaks; the next call opens another stream.
+`AnswerQueue` is a receiver that queues its answers for a task to await.
 
 Used by the gRPC edges only (daemon.worker_client, workers.service): protobuf stays there.
 """
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -35,12 +38,34 @@ class StreamBroken:
     details: str = ""
 
 
+class Receiver(Protocol):
+    """Where a call's answers go: called from the stream's reader task, one message at a time."""
+
+    def tokens(self, ids: list[int]) -> None:
+        """Tokens the call produced since its previous answer (the call goes on)."""
+
+    def answer(self, item: Answer | StreamBroken) -> None:
+        """The call's end chunk (finished, the hand-off, an error; it may carry tokens too), an Accept
+        call's reply, or the stream breaking."""
+
+
+class AnswerQueue(LoopQueue[Answer | StreamBroken]):
+    """A receiver that queues a call's answers (an Accept call's one reply) for a task to await; tokens,
+    which such a call never has, would come as a chunk."""
+
+    def answer(self, item: Answer | StreamBroken) -> None:
+        self.put_nowait(item)
+
+    def tokens(self, ids: list[int]) -> None:
+        self.put_nowait(pb.TokenChunk(token_ids=ids))
+
+
 class ServeStream:
     """One caller's Serve stream to one worker."""
 
     def __init__(self, peers: Peers, address: str) -> None:
         self._up: LoopQueue[pb.ServeUp | None] = LoopQueue()
-        self.calls: dict[int, LoopQueue[Answer | StreamBroken]] = {}
+        self.calls: dict[int, Receiver] = {}
         self.broken: StreamBroken | None = None
         self._next = 0
         self._call = peers.worker(address).Serve(self._ups(), metadata=peers.metadata)
@@ -59,13 +84,23 @@ class ServeStream:
 
     async def _read(self) -> None:
         broken = StreamBroken("UNAVAILABLE", "the worker ended its Serve stream")
+        calls = self.calls
         try:
             async for down in self._call:
+                counts = down.token_counts
+                if counts:  # one engine step's tokens: a slice of the one packed list per call
+                    tokens = list(down.tokens)
+                    at = 0
+                    for call, n in zip(down.token_calls, counts, strict=True):
+                        receiver = calls.get(call)
+                        if receiver is not None:  # a call the caller left meanwhile: dropped
+                            receiver.tokens(tokens[at : at + n])
+                        at += n
                 for answers in (down.chunks, down.replies):
                     for a in answers:
-                        queue = self.calls.get(a.call)
-                        if queue is not None:  # a call the caller left meanwhile: dropped
-                            queue.put_nowait(a)
+                        receiver = calls.get(a.call)
+                        if receiver is not None:
+                            receiver.answer(a)
         except grpc.aio.AioRpcError as e:
             broken = StreamBroken(e.code().name, e.details() or "")
         except asyncio.CancelledError:
@@ -73,21 +108,19 @@ class ServeStream:
             raise
         finally:
             self.broken = broken
-            for queue in self.calls.values():
-                queue.put_nowait(broken)
+            for receiver in list(calls.values()):
+                receiver.answer(broken)
 
-    def open(
-        self, **op: pb.GenerateRequest | pb.AttachRequest | pb.AcceptRequest
-    ) -> tuple[int, LoopQueue[Answer | StreamBroken]]:
-        """Start a call; its answers (or `StreamBroken`) arrive in the returned queue."""
+    def open(self, receiver: Receiver, **op: pb.GenerateRequest | pb.AttachRequest | pb.AcceptRequest) -> int:
+        """Start a call whose answers go to `receiver`; on a broken stream it gets `StreamBroken` (soon,
+        not from inside this call)."""
         self._next += 1
-        queue: LoopQueue[Answer | StreamBroken] = LoopQueue()
-        self.calls[self._next] = queue
+        self.calls[self._next] = receiver
         if self.broken is not None:
-            queue.put_nowait(self.broken)
+            asyncio.get_running_loop().call_soon(receiver.answer, self.broken)
         else:
             self._up.put_nowait(pb.ServeUp(call=self._next, **op))
-        return self._next, queue
+        return self._next
 
     def leave(self, call: int, finished: bool) -> None:
         """The caller is done with a call; one it leaves unfinished is stopped on the worker."""

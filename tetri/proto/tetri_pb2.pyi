@@ -116,12 +116,18 @@ class ServeUps(_message.Message):
     def __init__(self, ups: _Optional[_Iterable[_Union[ServeUp, _Mapping]]] = ...) -> None: ...
 
 class ServeDown(_message.Message):
-    __slots__ = ("chunks", "replies")
+    __slots__ = ("chunks", "replies", "token_calls", "token_counts", "tokens")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     REPLIES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[TokenChunk]
     replies: _containers.RepeatedCompositeFieldContainer[AcceptReply]
-    def __init__(self, chunks: _Optional[_Iterable[_Union[TokenChunk, _Mapping]]] = ..., replies: _Optional[_Iterable[_Union[AcceptReply, _Mapping]]] = ...) -> None: ...
+    token_calls: _containers.RepeatedScalarFieldContainer[int]
+    token_counts: _containers.RepeatedScalarFieldContainer[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[TokenChunk, _Mapping]]] = ..., replies: _Optional[_Iterable[_Union[AcceptReply, _Mapping]]] = ..., token_calls: _Optional[_Iterable[int]] = ..., token_counts: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AcceptRequest(_message.Message):
     __slots__ = ("request", "first_token", "kv")

@@ -1,0 +1,334 @@
+"""One request in flight, as one object: the gateway's `Run` follows it through prefill → transfer →
+decode (and a migration when an instance is lost), fed by the worker calls it opens, writing its output.
+
+Two paths, so a token costs no task switch and no generator of its own:
+- tokens: the Serve stream's reader calls `tokens(ids)` for each engine step's tokens of this request. It
+  counts them (TTFT, the phase, the metrics), detokenizes them incrementally (`TextStream`) and hands them
+  to the request's `Output`, which buffers its frame; the request's own task wakes once per step to
+  `flush` it (one write).
+- control: a call's end (finished, the hand-off, an error) and a lost worker are events the request's task
+  takes in order (`_next`), in `drive`: the sequence of calls, refusals and migrations, written once as
+  straight-line code.
+
+It must not read the wall clock for a timestamp (the cluster clock: `gw.clock`), nor know HTTP or gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from tetri.sampling import GREEDY, Sampling
+
+from .cluster import Instance
+from .db.models import Phase, Status
+from .textstream import TextStream
+from .worker_client import Call, Handoff, TokenChunk, WorkerCallError
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
+
+log = logging.getLogger(__name__)
+ENTRY_ATTEMPTS = 3  # entry instances tried when they refuse before starting anything
+
+
+@dataclass
+class Finished:
+    reason: str  # "length" | "stop" | "cancelled"
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    message: str
+    status: Status = Status.FAILED
+
+
+@dataclass
+class Inflight:
+    """What the daemon knows of a request in flight (the status table has it one flush later, or at its end)."""
+
+    id: str
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    phase: Phase = Phase.QUEUED
+    prefill_instance: str | None = None
+    decode_instance: str | None = None
+    first_token_ts: float | None = None
+    decode_start_ts: float | None = None
+    produced: int = 0
+    cancelled: bool = False
+    predicted: tuple[int, int] | None = None
+    serving: tuple[str, str] | None = None  # (instance id, address) currently producing tokens
+    counted: Instance | None = None  # the registry entry whose `inflight` counts this request
+    timeline: list[tuple[str, float]] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)  # tokens streamed so far (a migration re-prefills them)
+    migrations: int = 0
+    migrated_from: list[str] = field(default_factory=list)
+    interrupted: str | None = None  # why the daemon ended it (shutdown): the row says `interrupted`
+    prompt_head: list[int] | None = None  # the predictor's features, kept in memory
+    sampling: Sampling = GREEDY
+
+
+class Output(Protocol):
+    """Where a request's output goes (an SSE stream, a whole completion)."""
+
+    def tokens(self, ids: list[int], text: str) -> None:
+        """Tokens that count (and their text, when the request asked for text): buffer them. Called from
+        the Serve stream's reader: it must not wait."""
+
+    async def flush(self) -> None:
+        """Send what `tokens` buffered (one write)."""
+
+
+@dataclass
+class _Lost:
+    """The instance serving the request died or became unreachable mid-stream: migrate the request."""
+
+    instance_id: str
+    message: str
+
+
+@dataclass
+class _Refused:
+    """An entry instance started nothing (draining, flipping, another role now): serve it elsewhere."""
+
+    reason: str
+
+
+class Run:
+    """A request's calls to workers and what they answer; `drive()` runs in the request's own task."""
+
+    def __init__(self, gw: Gateway, fl: Inflight, out: Output, text: TextStream | None) -> None:
+        self.gw = gw
+        self.fl = fl
+        self.out = out
+        self.text = text
+        self.call: Call | None = None  # the worker call open now
+        self.got = 0  # tokens from that call
+        self.last = 0.0  # cluster time of the last tokens
+        self.stopped: Finished | None = None  # a stop token or string ended the output
+        self._events: deque[TokenChunk | WorkerCallError | Finished] = deque()
+        self._unsent = False  # `out` holds tokens not flushed yet
+        self._wake: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    # --- the token path (the Serve stream's reader calls these) -------------------------------------------
+    def tokens(self, ids: list[int]) -> None:
+        if self.stopped is not None:
+            return
+        fl, gw = self.fl, self.gw
+        now = gw.clock.now()
+        n = len(ids)
+        if fl.produced == 0:
+            fl.first_token_ts = now
+            ttft = now - fl.arrival
+            gw._update(fl, first_token_ts=now, ttft_ms=ttft * 1000)
+            gw.metrics.ttft.observe(ttft)
+        else:
+            gw.metrics.itl.observe((now - self.last) / n)
+            if fl.phase is Phase.TRANSFER:
+                fl.decode_start_ts = now
+                gw._phase(fl, Phase.DECODE, decode_start_ts=now)
+        fl.produced += n
+        self.got += n
+        fl.output += ids
+        gw.metrics.tokens.inc(n)
+        self.last = now
+        text = self.text
+        if text is None:
+            self.out.tokens(ids, "")
+        else:
+            delta = text.feed(ids)
+            if delta.stopped:  # a stop token or string: the request ends here and the worker stops
+                fl.produced -= n - len(delta.ids)  # tokens after the stop do not count
+                self.stopped = Finished("stop", fl.produced)
+                self._leave()
+                self._events.append(self.stopped)
+            if delta.ids or delta.text:
+                self.out.tokens(delta.ids, delta.text)
+        self._unsent = True
+        self._notify()
+
+    def end(self, chunk: TokenChunk) -> None:
+        self.call = None  # over (its Serve stream has let it go)
+        if chunk.token_ids:
+            self.tokens(chunk.token_ids)
+        if self.stopped is None:
+            self._events.append(chunk)
+            self._notify()
+
+    def lost(self, error: WorkerCallError) -> None:
+        self.call = None
+        if self.stopped is None:
+            self._events.append(error)
+            self._notify()
+
+    def _notify(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _leave(self) -> None:
+        """Leave the open call (the worker stops it unless it is over)."""
+        if self.call is not None:
+            self.call.leave()
+            self.call = None
+
+    # --- control (the request's task) ------------------------------------------------------------------
+    async def _next(self) -> TokenChunk | WorkerCallError | Finished:
+        """The open call's next event; meanwhile each engine step's output is flushed. An ending event
+        leaves what is buffered for the request's last write."""
+        while True:
+            if self._unsent and not (self._events and _ending(self._events[0])):
+                self._unsent = False
+                await self.out.flush()
+            if self._events:
+                return self._events.popleft()
+            self._wake = self._loop.create_future()
+            try:
+                await self._wake
+            finally:
+                self._wake = None
+
+    async def drive(self, prompt: list[int], pin: str | None) -> Finished | Failed:
+        """Serve the request to its end, migrating it when the instance serving it is lost: before its first
+        token it starts again on another entry instance; later, the prompt plus the tokens already streamed
+        is prefilled again and the stream continues where it stopped (nothing repeated, nothing skipped).
+        Cancelled (the client left, the daemon shutting down), it leaves its open call."""
+        fl, gw = self.fl, self.gw
+        try:
+            while True:
+                got = await self._attempt(prompt + fl.output, pin)
+                if not isinstance(got, _Lost):
+                    break
+                if fl.interrupted:
+                    return Failed(fl.interrupted, Status.INTERRUPTED)
+                if fl.cancelled:
+                    return Finished("cancelled", fl.produced)
+                gw.cluster.suspect(got.instance_id)
+                if fl.produced >= fl.max_tokens:  # the last token arrived, its end did not
+                    return Finished("length", fl.produced)
+                if fl.migrations >= gw.max_migrations:
+                    return Failed(f"{got.message} (not migrated: {fl.migrations} of {gw.max_migrations} tries used)")
+                fl.migrations += 1
+                fl.migrated_from.append(got.instance_id)
+                pin = None if pin == got.instance_id else pin
+                gw._update(fl, migrations=fl.migrations, migrated_from=",".join(fl.migrated_from)[-256:])
+                gw.metrics.migrations.inc()
+                log.warning(
+                    "request %s: %s; migrating after %d tokens (try %d)",
+                    fl.id,
+                    got.message,
+                    fl.produced,
+                    fl.migrations,
+                )
+        finally:
+            self._leave()
+        text = self.text
+        if text is not None and self.stopped is None and isinstance(got, Finished):
+            rest = text.rest()
+            if rest:
+                self.out.tokens([], rest)
+        return got
+
+    async def _attempt(self, prompt: list[int], pin: str | None) -> Finished | Failed | _Lost:
+        """One try on one entry instance (and the decode instance it hands over to). `prompt` ends with
+        the output tokens already streamed when the request is migrating."""
+        fl, gw = self.fl, self.gw
+        resumed = len(fl.output)
+        predicted = fl.predicted
+        if predicted is not None and resumed:
+            predicted = (max(1, predicted[0] - resumed), max(1, predicted[1] - resumed))
+        refused: list[str] = []
+        ev: Finished | Failed | Handoff | _Refused | _Lost
+        while True:
+            # a lost instance is out of routing (unhealthy) until it reports again: a worker restarted under
+            # the same id is a candidate again
+            entry = await gw._entry(fl, frozenset(refused))
+            if fl.interrupted:
+                return Failed(fl.interrupted, Status.INTERRUPTED)
+            if isinstance(entry, str):
+                return Failed(f"{entry}; refused by {', '.join(refused)}" if refused else entry)
+            gw._serve_on(fl, entry)
+            fl.prefill_instance = entry.id
+            if fl.migrations:
+                gw._phase(fl, Phase.PREFILL, prefill_instance=entry.id)
+            else:
+                gw._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=gw.clock.now())
+            self.got = 0
+            self.call = gw.workers.generate(
+                entry.address,
+                fl.id,
+                prompt,
+                fl.max_tokens - resumed,
+                predicted,
+                pin or "",
+                resumed,
+                fl.sampling,
+                receiver=self,
+            )
+            ev = await self._follow(entry.id)
+            if isinstance(ev, Handoff):
+                break
+            if isinstance(ev, _Refused):
+                if len(refused) < ENTRY_ATTEMPTS - 1:
+                    # it started nothing (it began draining after we chose it, or changed role): elsewhere
+                    refused.append(entry.id)
+                    continue
+                return Failed(f"instance {entry.id}: {ev.reason}")
+            return ev
+        handoff = ev
+        decode = gw.cluster.instances.get(handoff.decode_instance_id)
+        fl.decode_instance = handoff.decode_instance_id
+        gw._phase(fl, Phase.TRANSFER, decode_instance=handoff.decode_instance_id)
+        if decode is not None:
+            gw._serve_on(fl, decode)
+        else:
+            gw._release(fl)
+            fl.serving = (handoff.decode_instance_id, handoff.decode_address)
+        self.got = 0
+        self.call = gw.workers.attach(handoff.decode_address, fl.id, receiver=self)
+        ev = await self._follow(handoff.decode_instance_id)
+        if isinstance(ev, Handoff):
+            return Failed("decode instance tried to hand over again")
+        if isinstance(ev, _Refused):
+            return Failed(f"instance {handoff.decode_instance_id}: {ev.reason}")
+        return ev
+
+    async def _follow(self, name: str) -> Finished | Failed | Handoff | _Refused | _Lost:
+        """The open call (`name`: the instance serving it) to its end or hand-over. The worker lost at the
+        transport (died, unreachable) ends it with `_Lost`."""
+        fl, gw = self.fl, self.gw
+        ev = await self._next()
+        if isinstance(ev, WorkerCallError):
+            if fl.interrupted:
+                return Failed(fl.interrupted, Status.INTERRUPTED)
+            if fl.cancelled:
+                return Finished("cancelled", fl.produced)
+            return _Lost(name, f"instance {name} failed mid-request: {ev.code}")
+        if not isinstance(ev, TokenChunk):
+            return ev  # a stop token or string ended it
+        if ev.handoff is not None:
+            return ev.handoff
+        if fl.phase in (Phase.TRANSFER, Phase.DECODE) and ev.kv_loaded_tokens >= 0:
+            gw._update(fl, kv_loaded_tokens=ev.kv_loaded_tokens)
+        if fl.interrupted:
+            return Failed(fl.interrupted, Status.INTERRUPTED)
+        if ev.finish_reason == "abort" or fl.cancelled:  # however the worker reports the abort
+            return Finished("cancelled", fl.produced)
+        if ev.finish_reason == "refused" and self.got == 0:
+            return _Refused(ev.error)
+        if ev.finish_reason == "error":
+            return Failed(f"instance {name}: {ev.error}")
+        return Finished(ev.finish_reason or "length", fl.produced)
+
+
+def _ending(ev: TokenChunk | WorkerCallError | Finished) -> bool:
+    """An event that ends the request: its buffered output goes out with the end, in its last write."""
+    return isinstance(ev, Finished) or (isinstance(ev, TokenChunk) and ev.finished)
