@@ -4,8 +4,7 @@ decode (and a migration when an instance is lost), fed by the worker calls it op
 Two paths, so a token costs no task switch and no generator of its own:
 - tokens: the Serve stream's reader calls `tokens(ids)` for each engine step's tokens of this request. It
   counts them (TTFT, the phase, the metrics), detokenizes them incrementally (`TextStream`) and hands them
-  to the request's `Output`, which buffers its frame; the request's own task wakes once per step to
-  `flush` it (one write).
+  to the request's `Output`, which writes their frame there and then (one write per request and step).
 - control: a call's end (finished, the hand-off, an error) and a lost worker are events the request's task
   takes in order (`_next`), in `drive`: the sequence of calls, refusals and migrations, written once as
   straight-line code.
@@ -79,11 +78,8 @@ class Output(Protocol):
     """Where a request's output goes (an SSE stream, a whole completion)."""
 
     def tokens(self, ids: list[int], text: str) -> None:
-        """Tokens that count (and their text, when the request asked for text): buffer them. Called from
-        the Serve stream's reader: it must not wait."""
-
-    async def flush(self) -> None:
-        """Send what `tokens` buffered (one write)."""
+        """Tokens that count (and their text, when the request asked for text): send or keep them. Called
+        from the Serve stream's reader: it must not wait, nor raise."""
 
 
 @dataclass
@@ -114,7 +110,6 @@ class Run:
         self.last = 0.0  # cluster time of the last tokens
         self.stopped: Finished | None = None  # a stop token or string ended the output
         self._events: deque[TokenChunk | WorkerCallError | Finished] = deque()
-        self._unsent = False  # `out` holds tokens not flushed yet
         self._wake: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -152,8 +147,8 @@ class Run:
                 self._events.append(self.stopped)
             if delta.ids or delta.text:
                 self.out.tokens(delta.ids, delta.text)
-        self._unsent = True
-        self._notify()
+            if delta.stopped:
+                self._notify()
 
     def end(self, chunk: TokenChunk) -> None:
         self.call = None  # over (its Serve stream has let it go)
@@ -182,12 +177,8 @@ class Run:
 
     # --- control (the request's task) ------------------------------------------------------------------
     async def _next(self) -> TokenChunk | WorkerCallError | Finished:
-        """The open call's next event; meanwhile each engine step's output is flushed. An ending event
-        leaves what is buffered for the request's last write."""
+        """The open call's next event (its end, a hand-off, a stop, the worker lost)."""
         while True:
-            if self._unsent and not (self._events and _ending(self._events[0])):
-                self._unsent = False
-                await self.out.flush()
             if self._events:
                 return self._events.popleft()
             self._wake = self._loop.create_future()
@@ -327,8 +318,3 @@ class Run:
         if ev.finish_reason == "error":
             return Failed(f"instance {name}: {ev.error}")
         return Finished(ev.finish_reason or "length", fl.produced)
-
-
-def _ending(ev: TokenChunk | WorkerCallError | Finished) -> bool:
-    """An event that ends the request: its buffered output goes out with the end, in its last write."""
-    return isinstance(ev, Finished) or (isinstance(ev, TokenChunk) and ev.finished)

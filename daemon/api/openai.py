@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import Send
 
 from tetri.sampling import Sampling
 
@@ -40,7 +41,7 @@ from .schemas import (
     errors,
     usage,
 )
-from .sse import EventStream, Write
+from .sse import EventStream, send_now
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 CODES = errors(400, 401, 404, 409, 413, 502, 503)
@@ -252,9 +253,6 @@ class _Whole:
         self.parts.append(text)
         self.ids += ids
 
-    async def flush(self) -> None:
-        pass
-
 
 async def _collect(job: _Job) -> tuple[str, list[int], str] | Failed:
     """A whole answer: its text, token ids and finish reason, or the failure."""
@@ -396,39 +394,68 @@ def _json_text(text: str) -> bytes:
 
 
 class _Stream:
-    """A streamed answer's output: each engine step's tokens become a frame, buffered until `flush`."""
+    """A streamed answer's output: each engine step's tokens become a frame, sent at once from where they
+    arrive (`send_now`: no task switch); frames that come while a send waits (a slow client) follow it."""
 
-    def __init__(self, frames: _Frames, write: Write) -> None:
+    def __init__(self, frames: _Frames, send: Send) -> None:
         self.frames = frames
-        self.write = write
-        self.buffer = b""
+        self.send = send
+        self.buffer = b""  # frames behind a send that waits
+        self.waiting: asyncio.Future[None] | None = None
+        self.failed: BaseException | None = None
         self.count = 0  # tokens that count, for the usage chunk
 
     def tokens(self, ids: list[int], text: str) -> None:
         self.count += len(ids)
         if text or (ids and self.frames.with_ids):
-            self.buffer += self.frames.frame(ids, text)
+            frame = self.frames.frame(ids, text)
+            if self.waiting is None and self.failed is None:
+                self._send(frame)
+            else:
+                self.buffer += frame
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.waiting = send_now(self.send, {"type": "http.response.body", "body": data, "more_body": True})
+        except Exception as e:  # the request's task raises it (`flush`): the Serve stream's reader goes on
+            self.failed = e
+            return
+        if self.waiting is not None:
+            self.waiting.add_done_callback(self._sent)
+
+    def _sent(self, done: asyncio.Future[None]) -> None:
+        self.waiting = None
+        if done.cancelled():
+            self.failed = asyncio.CancelledError()
+        elif done.exception() is not None:
+            self.failed = done.exception()
+        elif self.buffer:
+            data, self.buffer = self.buffer, b""
+            self._send(data)
 
     async def flush(self) -> None:
-        if self.buffer:
-            data, self.buffer = self.buffer, b""
-            await self.write(data)
+        """Wait until every frame so far has been sent (or raise why not)."""
+        while self.waiting is not None:
+            await asyncio.wait((self.waiting,))
+        if self.failed is not None:
+            raise self.failed
 
     def take(self) -> bytes:
         data, self.buffer = self.buffer, b""
         return data
 
 
-def _sse(job: _Job, chat: bool) -> Callable[[Write], Awaitable[bytes]]:
+def _sse(job: _Job, chat: bool) -> Callable[[Send], Awaitable[bytes]]:
     """The stream's body: the request served with its frames written as they come; returns its last piece
     (what is buffered, the finishing chunk, the usage, `[DONE]`), which goes out with the response's end."""
 
-    async def body(write: Write) -> bytes:
+    async def body(send: Send) -> bytes:
         if chat:  # the first chunk names the role, as OpenAI's and vLLM's do
-            role = {"role": "assistant", "content": ""}
-            await write(sse_data(chat_chunk(job.rid, job.created, job.model, role, None)))
-        out = _Stream(_Frames(job, chat), write)
+            role = sse_data(chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None))
+            await send({"type": "http.response.body", "body": role, "more_body": True})
+        out = _Stream(_Frames(job, chat), send)
         end = await job.serve(out=out)
+        await out.flush()
         tail = out.take()
         if isinstance(end, Failed):
             return tail + sse_data(error_body(end.message, "APIError", None, _failure_code(end))) + DONE
