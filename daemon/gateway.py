@@ -112,13 +112,9 @@ class Gateway:
         )
         self.metrics.requests.labels(status=Status.REJECTED).inc()
 
-    def _update(self, fl: Inflight, **fields: object) -> None:
-        self.writer.submit_request_update(fl.id, **fields)
-
-    def _phase(self, fl: Inflight, phase: Phase, **fields: object) -> None:
+    def _phase(self, fl: Inflight, phase: Phase) -> None:
         fl.phase = phase
         fl.timeline.append((phase.value, self.clock.now()))
-        self._update(fl, phase=phase.value, **fields)
 
     # --- the request ---------------------------------------------------------------------------------
     async def serve(
@@ -184,30 +180,35 @@ class Gateway:
             status = Status.CANCELLED if end.reason == "cancelled" else Status.FINISHED
             if status == Status.FINISHED and self.predictor is not None:
                 self.predictor.observe(fl.predicted, fl.produced, fl.prompt_head)
-            self._update(
-                fl,
-                phase=Phase.DONE.value,
-                status=status.value,
-                finished_ts=now,
-                jct_ms=jct_ms,
-                output_tokens=fl.produced,
-                finish_reason=end.reason,
-            )
-            self.metrics.requests.labels(status=status).inc()
+            reason, error = end.reason, None
             if status == Status.FINISHED:
                 self.metrics.jct.observe(jct_ms / 1000)
         else:
-            self._update(
-                fl,
-                phase=Phase.DONE.value,
-                status=end.status.value,
-                finished_ts=now,
-                jct_ms=jct_ms,
-                output_tokens=fl.produced,
-                finish_reason="cancelled" if end.status == Status.CANCELLED else "error",
-                error=end.message[:500],
-            )
-            self.metrics.requests.labels(status=end.status).inc()
+            status = end.status
+            reason = "cancelled" if end.status == Status.CANCELLED else "error"
+            error = end.message[:500]
+        self.metrics.requests.labels(status=status).inc()
+        # the row's one update (its insert is the other): everything the request's run learned
+        ttft_ms = None if fl.first_token_ts is None else (fl.first_token_ts - fl.arrival) * 1000
+        self.writer.submit_request_update(
+            fl.id,
+            phase=Phase.DONE.value,
+            status=status.value,
+            prefill_instance=fl.prefill_instance,
+            decode_instance=fl.decode_instance,
+            prefill_start_ts=fl.prefill_start_ts,
+            first_token_ts=fl.first_token_ts,
+            ttft_ms=ttft_ms,
+            decode_start_ts=fl.decode_start_ts,
+            kv_loaded_tokens=fl.kv_loaded_tokens,
+            migrations=fl.migrations,
+            migrated_from=",".join(fl.migrated_from)[-256:] or None,
+            finished_ts=now,
+            jct_ms=jct_ms,
+            output_tokens=fl.produced,
+            finish_reason=reason,
+            error=error,
+        )
 
     def _release(self, fl: Inflight) -> None:
         if fl.counted is not None:  # that entry, even if re-registered since

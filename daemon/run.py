@@ -48,7 +48,8 @@ class Failed:
 
 @dataclass
 class Inflight:
-    """What the daemon knows of a request in flight (the status table has it one flush later, or at its end)."""
+    """What the daemon knows of a request in flight. Its row is written twice: inserted as it starts, updated
+    with all of this as it ends (`Gateway._finish`); meanwhile reads of it come from here."""
 
     id: str
     model: str
@@ -58,8 +59,10 @@ class Inflight:
     phase: Phase = Phase.QUEUED
     prefill_instance: str | None = None
     decode_instance: str | None = None
+    prefill_start_ts: float | None = None
     first_token_ts: float | None = None
     decode_start_ts: float | None = None
+    kv_loaded_tokens: int | None = None  # prompt tokens the decode instance took with the hand-over
     produced: int = 0
     cancelled: bool = False
     predicted: tuple[int, int] | None = None
@@ -122,14 +125,12 @@ class Run:
         n = len(ids)
         if fl.produced == 0:
             fl.first_token_ts = now
-            ttft = now - fl.arrival
-            gw._update(fl, first_token_ts=now, ttft_ms=ttft * 1000)
-            gw.metrics.ttft.observe(ttft)
+            gw.metrics.ttft.observe(now - fl.arrival)
         else:
             gw.metrics.itl.observe((now - self.last) / n)
             if fl.phase is Phase.TRANSFER:
                 fl.decode_start_ts = now
-                gw._phase(fl, Phase.DECODE, decode_start_ts=now)
+                gw._phase(fl, Phase.DECODE)
         fl.produced += n
         self.got += n
         fl.output += ids
@@ -210,7 +211,6 @@ class Run:
                 fl.migrations += 1
                 fl.migrated_from.append(got.instance_id)
                 pin = None if pin == got.instance_id else pin
-                gw._update(fl, migrations=fl.migrations, migrated_from=",".join(fl.migrated_from)[-256:])
                 gw.metrics.migrations.inc()
                 log.warning(
                     "request %s: %s; migrating after %d tokens (try %d)",
@@ -248,10 +248,9 @@ class Run:
                 return Failed(f"{entry}; refused by {', '.join(refused)}" if refused else entry)
             gw._serve_on(fl, entry)
             fl.prefill_instance = entry.id
-            if fl.migrations:
-                gw._phase(fl, Phase.PREFILL, prefill_instance=entry.id)
-            else:
-                gw._phase(fl, Phase.PREFILL, prefill_instance=entry.id, prefill_start_ts=gw.clock.now())
+            if not fl.migrations:
+                fl.prefill_start_ts = gw.clock.now()
+            gw._phase(fl, Phase.PREFILL)
             self.got = 0
             self.call = gw.workers.generate(
                 entry.address,
@@ -277,7 +276,7 @@ class Run:
         handoff = ev
         decode = gw.cluster.instances.get(handoff.decode_instance_id)
         fl.decode_instance = handoff.decode_instance_id
-        gw._phase(fl, Phase.TRANSFER, decode_instance=handoff.decode_instance_id)
+        gw._phase(fl, Phase.TRANSFER)
         if decode is not None:
             gw._serve_on(fl, decode)
         else:
@@ -295,7 +294,7 @@ class Run:
     async def _follow(self, name: str) -> Finished | Failed | Handoff | _Refused | _Lost:
         """The open call (`name`: the instance serving it) to its end or hand-over. The worker lost at the
         transport (died, unreachable) ends it with `_Lost`."""
-        fl, gw = self.fl, self.gw
+        fl = self.fl
         ev = await self._next()
         if isinstance(ev, WorkerCallError):
             if fl.interrupted:
@@ -308,7 +307,7 @@ class Run:
         if ev.handoff is not None:
             return ev.handoff
         if fl.phase in (Phase.TRANSFER, Phase.DECODE) and ev.kv_loaded_tokens >= 0:
-            gw._update(fl, kv_loaded_tokens=ev.kv_loaded_tokens)
+            fl.kv_loaded_tokens = ev.kv_loaded_tokens
         if fl.interrupted:
             return Failed(fl.interrupted, Status.INTERRUPTED)
         if ev.finish_reason == "abort" or fl.cancelled:  # however the worker reports the abort

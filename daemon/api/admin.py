@@ -1,7 +1,8 @@
 """The admin API under /api/v1: cluster summary, instances, requests, one request's timeline, cancel.
 
 Status-table reads go to the database (writes are batched, so a request may appear there up to one
-flush interval after it arrives); in-flight requests are overlaid from memory. Times are the cluster
+flush interval after it arrives). A row is written as its request starts and as it ends, so what is in
+flight comes from memory: laid over its row, and a listing by an in-flight phase is made from it. Times are the cluster
 clock's (model time when the cluster runs scaled); `/cluster` and `/requests` say what it reads now.
 """
 
@@ -88,15 +89,18 @@ async def requests(
     offset: int = Query(0, ge=0, le=2**62),
     id_prefix: str | None = Query(None, max_length=64),
 ) -> dict[str, Any]:
-    rows, total = await asyncio.to_thread(
-        request.app.state.store.list_requests,
-        phase.value if phase else None,
-        status.value if status else None,
-        limit,
-        offset,
-        id_prefix,
-    )
     gw = _gw(request)
+    if phase is not None and phase != Phase.DONE:  # in flight: the daemon's memory has it, not the table
+        rows, total = await _inflight_rows(request, phase, status, limit, offset, id_prefix)
+    else:
+        rows, total = await asyncio.to_thread(
+            request.app.state.store.list_requests,
+            phase.value if phase else None,
+            status.value if status else None,
+            limit,
+            offset,
+            id_prefix,
+        )
     for row in rows:  # in flight: as the daemon knows it now, not as of the last flush
         fl = gw.inflight.get(row["id"])
         if fl is not None:
@@ -104,14 +108,37 @@ async def requests(
     return {"requests": rows, "total": total, "limit": limit, "offset": offset, "now": gw.clock.now()}
 
 
+async def _inflight_rows(
+    request: Request, phase: Phase, status: Status | None, limit: int, offset: int, id_prefix: str | None
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the requests in flight in `phase`, ordered as the table's listing (newest arrival first,
+    ties by id), each on its row as inserted."""
+    gw = _gw(request)
+    if status not in (None, Status.RUNNING):
+        return [], 0
+    hits = [fl for fl in gw.inflight.values() if fl.phase == phase and fl.id.startswith(id_prefix or "")]
+    hits.sort(key=lambda fl: fl.id)
+    hits.sort(key=lambda fl: fl.arrival, reverse=True)
+    page = [fl.id for fl in hits[offset : offset + limit]]
+    stored = await asyncio.to_thread(request.app.state.store.get_requests, page)
+    empty = dict.fromkeys(sorted(REQUEST_COLUMNS))
+    rows = [empty | {"id": rid} | stored.get(rid, {}) | (gw.writer.pending_fields(rid) or {}) for rid in page]
+    return rows, len(hits)
+
+
 def _live(fl: Inflight) -> dict[str, Any]:
-    """An in-flight request's fields from memory (the status table has them one flush later)."""
+    """An in-flight request's fields from memory (its row has them when it ends)."""
     return {
         "model": fl.model,
         "phase": fl.phase.value,
         "status": Status.RUNNING.value,
         "prefill_instance": fl.prefill_instance,
         "decode_instance": fl.decode_instance,
+        "prefill_start_ts": fl.prefill_start_ts,
+        "first_token_ts": fl.first_token_ts,
+        "ttft_ms": None if fl.first_token_ts is None else (fl.first_token_ts - fl.arrival) * 1000,
+        "decode_start_ts": fl.decode_start_ts,
+        "migrations": fl.migrations,
         "output_tokens": fl.produced,
     }
 

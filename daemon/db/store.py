@@ -270,6 +270,14 @@ class Store:
             row = conn.execute(select(REQUESTS).where(REQUESTS.c.id == request_id)).first()
         return None if row is None else dict(row._mapping)
 
+    def get_requests(self, request_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The rows of these ids that exist, by id (one query)."""
+        if not request_ids:
+            return {}
+        with self.engine.connect() as conn:
+            rows = _rows(conn.execute(select(REQUESTS).where(REQUESTS.c.id.in_(request_ids))))
+        return {r["id"]: r for r in rows}
+
     def list_requests(
         self,
         phase: str | None = None,

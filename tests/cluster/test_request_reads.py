@@ -5,6 +5,7 @@ with its model and instances — not a 404 (a race a loaded machine showed)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -54,5 +55,46 @@ def test_cluster_counts_agree_with_what_is_in_flight_before_a_flush(tmp_path: Pa
             by = doc["requests_by_status"]
             assert doc["inflight"] == by["running"] == 0 and by["finished"] == by["cancelled"] == 1, doc
             assert doc["latency"]["ttft_s"]["count"] == 2 and doc["latency"]["jct_s"]["count"] == 1
+    finally:
+        c.stop()
+
+
+def test_requests_in_flight_list_by_phase_from_memory(tmp_path: Path):
+    """A row is written as its request starts and as it ends; listing by an in-flight phase answers from
+    the daemon's memory: the disaggregated requests decoding are listed under `decode` (with their
+    instances and live counts, paged, newest first), none under `prefill`, and the finished ones under
+    `done` from the table."""
+    c = start_cluster(tmp_path, ["prefill", "decode"], time_scale=0.5)
+    try:
+        with httpx.Client(base_url=c.url, timeout=60) as h:
+            done = h.post("/v1/completions", json={"model": "tetri-sim", "prompt": "short", "max_tokens": 2}).json()
+            body = {"model": "tetri-sim", "prompt": "decode me", "max_tokens": 2000, "stream": True}
+            with (
+                h.stream("POST", "/v1/completions", json=body) as s1,
+                h.stream("POST", "/v1/completions", json=body) as s2,
+            ):
+                ids, lines = [], [s1.iter_lines(), s2.iter_lines()]  # kept: a dropped iterator closes its stream
+                for it in lines:
+                    first = next(line for line in it if line.startswith("data: {"))
+                    ids.append(json.loads(first[6:])["id"])
+                page = h.get("/api/v1/requests", params={"phase": "decode"}).json()
+                deadline = 0
+                while page["total"] < 2 and deadline < 200:  # the second token starts the decode phase
+                    deadline += 1
+                    time.sleep(0.05)
+                    page = h.get("/api/v1/requests", params={"phase": "decode"}).json()
+                assert page["total"] == 2 and {r["id"] for r in page["requests"]} == set(ids)
+                assert all(r["status"] == "running" and r["phase"] == "decode" for r in page["requests"])
+                assert all(r["decode_instance"] == c.started_as("decode")[0] for r in page["requests"])
+                assert all(r["output_tokens"] >= 1 and r["ttft_ms"] > 0 for r in page["requests"])
+                arrivals = [r["arrival_ts"] for r in page["requests"]]
+                assert arrivals == sorted(arrivals, reverse=True)
+                one = h.get("/api/v1/requests", params={"phase": "decode", "limit": 1, "offset": 1}).json()
+                assert one["total"] == 2 and [r["id"] for r in one["requests"]] == [page["requests"][1]["id"]]
+                assert h.get("/api/v1/requests", params={"phase": "prefill"}).json()["total"] == 0
+                finished = h.get("/api/v1/requests", params={"phase": "decode", "status": "finished"}).json()
+                assert finished["total"] == 0
+            ended = h.get("/api/v1/requests", params={"phase": "done", "status": "finished"}).json()
+            assert done["id"] in {r["id"] for r in ended["requests"]}
     finally:
         c.stop()
