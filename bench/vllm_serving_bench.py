@@ -2,7 +2,7 @@
 
     python bench/vllm_serving_bench.py [--model DIR] [--requests 50] [--rate 10] [--seed 0]
         [--patterns burst,poisson,sequential] [--systems vllm,colocated,disaggregated] [--json FILE]
-        [--engine-cpus 1/0] [--rounds 1]
+        [--engine-cpus 1/0] [--rounds 1] [--output-tokens N]
 
 One system runs at a time, each on the same engine options (float32, block size 32, max model len 1024,
 no prefix caching, enforce eager, max-num-batched-tokens 512, VLLM_CPU_KVCACHE_SPACE=1 GiB):
@@ -13,7 +13,8 @@ no prefix caching, enforce eager, max-num-batched-tokens 512, VLLM_CPU_KVCACHE_S
                     HostKVConnector through a temporary store on /dev/shm.
 Without --model a tiny random Llama (vocab 512) is written to a temporary directory.
 
-The probe: `--requests` requests, prompts of 16–400 random token ids (1..500), 8–48 output tokens, seeded;
+The probe: `--requests` requests, prompts of 16–400 random token ids (1..500), 8–48 output tokens (or
+`--output-tokens` each), seeded;
 sent to /v1/completions as `"prompt": [ids]`, `max_tokens`, `temperature: 0`, `ignore_eos: true`,
 `stream: true` and `return_token_ids: true` (tokens are counted from the ids, the same way for every
 system; text is rendered as each server does). Arrival patterns: burst (all at t=0), poisson (`--rate`
@@ -25,6 +26,11 @@ TTFT (send → first chunk carrying a token), TPOT ((JCT − TTFT) / (tokens −
 stream). Prints mean and p99 of each (ms) per system × pattern, and the ratios Tetri colocated / vLLM and
 Tetri disaggregated / Tetri colocated, over the requests that succeeded (failures are counted and their
 errors listed). All systems share this machine's cores with the client.
+
+Beside the latencies, the CPU seconds of each system's serving processes over each pattern (warm-up
+excluded), per request and per output token: vLLM's API server process, and Tetri's daemon and worker
+processes — each process's own CPU (utime + stime of all its threads), without its children: vLLM's engine
+core runs in a child process of the API server, as of each Tetri vLLM worker, and is not counted.
 """
 
 from __future__ import annotations
@@ -70,11 +76,24 @@ class Result:
         return (self.jct - self.ttft) / (self.tokens - 1) if self.tokens > 1 else 0.0
 
 
-def probe(n: int, seed: int) -> list[tuple[list[int], int]]:
+def probe(n: int, seed: int, output_tokens: int | None = None) -> list[tuple[list[int], int]]:
     rng = np.random.default_rng(seed)
-    return [
-        ([int(x) for x in rng.integers(1, 501, int(rng.integers(16, 401)))], int(rng.integers(8, 49))) for _ in range(n)
-    ]
+    out = []
+    for _ in range(n):
+        prompt = [int(x) for x in rng.integers(1, 501, int(rng.integers(16, 401)))]
+        drawn = int(rng.integers(8, 49))
+        out.append((prompt, output_tokens or drawn))
+    return out
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu(pid: int) -> float:
+    """utime + stime of a process (all its threads, not its children), in seconds."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def arrivals(pattern: str, n: int, rate: float, seed: int) -> list[float] | None:
@@ -131,21 +150,27 @@ async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tok
     return Result(ttft, jct, tokens)
 
 
-async def run_pattern(url: str, reqs: list[tuple[list[int], int]], times: list[float] | None) -> list[Result]:
+async def run_pattern(
+    url: str, reqs: list[tuple[list[int], int]], times: list[float] | None, pids: dict[str, int]
+) -> tuple[list[Result], dict[str, float]]:
+    """The pattern's results, and the CPU seconds each serving process spent on it (warm-up excluded)."""
     limits = httpx.Limits(max_connections=len(reqs) + 4, max_keepalive_connections=len(reqs) + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         model = await model_name(client)
         for k in range(3):  # warm-up (distinct prompts); the pattern starts from an idle system
             await one(client, model, [(37 * k + j) % 500 + 1 for j in range(70 + 100 * k)], 8)
+        before = {name: own_cpu(pid) for name, pid in pids.items()}
         if times is None:
-            return [await one(client, model, p, n) for p, n in reqs]
-        t0 = time.perf_counter()
+            got = [await one(client, model, p, n) for p, n in reqs]
+        else:
+            t0 = time.perf_counter()
 
-        async def at(t: float, p: list[int], n: int) -> Result:
-            await asyncio.sleep(max(0.0, t - (time.perf_counter() - t0)))
-            return await one(client, model, p, n)
+            async def at(t: float, p: list[int], n: int) -> Result:
+                await asyncio.sleep(max(0.0, t - (time.perf_counter() - t0)))
+                return await one(client, model, p, n)
 
-        return list(await asyncio.gather(*(at(t, p, n) for t, (p, n) in zip(times, reqs, strict=True))))
+            got = list(await asyncio.gather(*(at(t, p, n) for t, (p, n) in zip(times, reqs, strict=True))))
+        return got, {name: own_cpu(pid) - before[name] for name, pid in pids.items()}
 
 
 # --- the systems ------------------------------------------------------------------------------------------
@@ -172,7 +197,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def vllm_server(model: Path, root: Path) -> Iterator[str]:
+def vllm_server(model: Path, root: Path) -> Iterator[tuple[str, dict[str, int]]]:
     port = _free_port()
     args = [
         "--model", str(model), "--served-model-name", "tiny",
@@ -193,7 +218,7 @@ def vllm_server(model: Path, root: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(url, proc, log)
-        yield url
+        yield url, {"API server": proc.pid}
     finally:
         proc.send_signal(signal.SIGTERM)
         with suppress(subprocess.TimeoutExpired):
@@ -204,7 +229,7 @@ def vllm_server(model: Path, root: Path) -> Iterator[str]:
 
 
 @contextmanager
-def tetri(mode: str, model: Path, root: Path, engine_cpus: str | None = None) -> Iterator[str]:
+def tetri(mode: str, model: Path, root: Path, engine_cpus: str | None = None) -> Iterator[tuple[str, dict[str, int]]]:
     state = Path(tempfile.mkdtemp(dir=root, prefix=f"{mode}-"))
     kv_store = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="tetri-kv-"))
     log = (root / f"tetri-{mode}.log").open("w")
@@ -223,7 +248,7 @@ def tetri(mode: str, model: Path, root: Path, engine_cpus: str | None = None) ->
             procs.append(spawn("workers.main", ["--role", role, *common, *pin], stderr=log))
         for p, role in zip(procs[1:], roles, strict=True):
             wait_ready(p, role, timeout=600)
-        yield ready["url"]
+        yield ready["url"], {"daemon": daemon.pid} | {role: p.pid for p, role in zip(procs[1:], roles, strict=True)}
     finally:
         stop_all(procs, grace=30)
         log.close()
@@ -265,9 +290,34 @@ def report(results: dict[str, dict[str, list[Result]]], args: argparse.Namespace
                 )
         t.add_section()
     Console(width=150).print(t)
+    cpu_table(results, args)
     errors = {r.error for ps in results.values() for rs in ps.values() for r in rs if r.error}
     for e in sorted(errors):
         print(f"failed: {e}")
+
+
+CPU: dict[str, dict[str, dict[str, float]]] = {}  # system -> pattern -> process -> CPU seconds (all rounds)
+
+
+def cpu_table(results: dict[str, dict[str, list[Result]]], args: argparse.Namespace) -> None:
+    t = Table(
+        title="CPU of the serving processes (own, engine cores excluded): ms per request, µs per output token",
+        title_justify="left",
+    )
+    for c in ("pattern", "system", "process", "CPU s", "ms / request", "µs / token"):
+        t.add_column(c, justify="left" if c in ("pattern", "system", "process") else "right")
+    for pattern in args.patterns:
+        for s in args.systems:
+            cpu = CPU.get(s, {}).get(pattern)
+            if not cpu:
+                continue
+            ok = [r for r in results[s][pattern] if r.error is None]
+            n, tokens = max(1, len(ok)), max(1, sum(r.tokens for r in ok))
+            rows = [*cpu.items(), ("all", sum(cpu.values()))] if len(cpu) > 1 else list(cpu.items())
+            for name, sec in rows:
+                t.add_row(pattern, LABEL[s], name, f"{sec:.2f}", f"{sec / n * 1e3:.2f}", f"{sec / tokens * 1e6:.0f}")
+        t.add_section()
+    Console(width=150).print(t)
 
 
 def spread(rounds: list[dict[str, dict[str, list[Result]]]], args: argparse.Namespace) -> None:
@@ -289,6 +339,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--rate", type=float, default=10.0, help="poisson arrivals, requests per second")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output-tokens", type=int, help="every request's output tokens (default: 8–48, drawn)")
     ap.add_argument("--patterns", default=",".join(PATTERNS))
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--json", type=Path, help="write the raw per-request numbers here")
@@ -320,7 +371,7 @@ def main() -> None:
         model = root / "tiny-llama"
         subprocess.run([sys.executable, "-m", "workers.engines.vllm.tinymodel", str(model)], check=True,
                        capture_output=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
-    reqs = probe(args.requests, args.seed)
+    reqs = probe(args.requests, args.seed, args.output_tokens)
     results: dict[str, dict[str, list[Result]]] = {}
     ok = False
     rounds: list[dict[str, dict[str, list[Result]]]] = []
@@ -330,11 +381,14 @@ def main() -> None:
             for system in args.systems:
                 start = vllm_server(model, root) if system == "vllm" else tetri(system, model, root, args.engine_cpus)
                 print(f"round {n + 1}, {LABEL[system]}: starting", file=sys.stderr, flush=True)
-                with start as url:
+                with start as (url, pids):
                     for pattern in args.patterns:
                         times = arrivals(pattern, len(reqs), args.rate, args.seed)
                         t0 = time.perf_counter()
-                        got = asyncio.run(run_pattern(url, reqs, times))
+                        got, cpu = asyncio.run(run_pattern(url, reqs, times, pids))
+                        spent = CPU.setdefault(system, {}).setdefault(pattern, {})
+                        for name, sec in cpu.items():
+                            spent[name] = spent.get(name, 0.0) + sec
                         rounds[-1].setdefault(system, {})[pattern] = got
                         results.setdefault(system, {}).setdefault(pattern, []).extend(got)
                         print(f"  {pattern}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
