@@ -112,7 +112,7 @@ class Gateway:
         )
         self.metrics.requests.labels(status=Status.REJECTED).inc()
 
-    def _phase(self, fl: Inflight, phase: Phase) -> None:
+    def set_phase(self, fl: Inflight, phase: Phase) -> None:
         fl.phase = phase
         fl.timeline.append((phase.value, self.clock.now()))
 
@@ -174,7 +174,7 @@ class Gateway:
         self.inflight.pop(fl.id, None)
         now = self.clock.now()
         jct_ms = (now - fl.arrival) * 1000
-        self._release(fl)
+        self.release(fl)
         fl.timeline.append(("done", now))
         if isinstance(end, Finished):
             status = Status.CANCELLED if end.reason == "cancelled" else Status.FINISHED
@@ -210,14 +210,14 @@ class Gateway:
             error=error,
         )
 
-    def _release(self, fl: Inflight) -> None:
+    def release(self, fl: Inflight) -> None:
         if fl.counted is not None:  # that entry, even if re-registered since
             self.cluster.routed(fl.counted, -1)
         fl.counted = None
         fl.serving = None
 
-    def _serve_on(self, fl: Inflight, inst: Instance) -> None:
-        self._release(fl)
+    def serve_on(self, fl: Inflight, inst: Instance) -> None:
+        self.release(fl)
         fl.serving = (inst.id, inst.address)
         fl.counted = inst
         self.cluster.routed(inst, +1)
@@ -229,7 +229,7 @@ class Gateway:
         roles = frozenset() if entry is None else entry.roles
         return "colocated" in roles or {"prefill", "decode"} <= roles
 
-    async def _entry(self, fl: Inflight, exclude: frozenset[str]) -> Instance | str:
+    async def entry(self, fl: Inflight, exclude: frozenset[str]) -> Instance | str:
         """The entry instance for this attempt, or why there is none. A migrating request waits up to
         `migration_wait_s` for one (a worker restarting); a new request up to `entry_wait_s` while its
         model's instances are registered but none can take it now (a load report late on a busy host, a

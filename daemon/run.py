@@ -130,7 +130,7 @@ class Run:
             gw.metrics.itl.observe((now - self.last) / n)
             if fl.phase is Phase.TRANSFER:
                 fl.decode_start_ts = now
-                gw._phase(fl, Phase.DECODE)
+                gw.set_phase(fl, Phase.DECODE)
         fl.produced += n
         self.got += n
         fl.output += ids
@@ -241,16 +241,16 @@ class Run:
         while True:
             # a lost instance is out of routing (unhealthy) until it reports again: a worker restarted under
             # the same id is a candidate again
-            entry = await gw._entry(fl, frozenset(refused))
+            entry = await gw.entry(fl, frozenset(refused))
             if fl.interrupted:
                 return Failed(fl.interrupted, Status.INTERRUPTED)
             if isinstance(entry, str):
                 return Failed(f"{entry}; refused by {', '.join(refused)}" if refused else entry)
-            gw._serve_on(fl, entry)
+            gw.serve_on(fl, entry)
             fl.prefill_instance = entry.id
             if not fl.migrations:
                 fl.prefill_start_ts = gw.clock.now()
-            gw._phase(fl, Phase.PREFILL)
+            gw.set_phase(fl, Phase.PREFILL)
             self.got = 0
             self.call = gw.workers.generate(
                 entry.address,
@@ -276,11 +276,11 @@ class Run:
         handoff = ev
         decode = gw.cluster.instances.get(handoff.decode_instance_id)
         fl.decode_instance = handoff.decode_instance_id
-        gw._phase(fl, Phase.TRANSFER)
+        gw.set_phase(fl, Phase.TRANSFER)
         if decode is not None:
-            gw._serve_on(fl, decode)
+            gw.serve_on(fl, decode)
         else:
-            gw._release(fl)
+            gw.release(fl)
             fl.serving = (handoff.decode_instance_id, handoff.decode_address)
         self.got = 0
         self.call = gw.workers.attach(handoff.decode_address, fl.id, receiver=self)
