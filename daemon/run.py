@@ -111,15 +111,27 @@ class Run:
         self.call: Call | None = None  # the worker call open now
         self.got = 0  # tokens from that call
         self.last = 0.0  # cluster time of the last tokens
-        self.stopped: Finished | None = None  # a stop token or string ended the output
-        self._events: deque[TokenChunk | WorkerCallError | Finished] = deque()
+        self.stopped: Finished | Failed | None = None  # a stop token or string (or a fault) ended the output
+        self._events: deque[TokenChunk | WorkerCallError | Finished | Failed] = deque()
         self._wake: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
 
     # --- the token path (the Serve stream's reader calls these) -------------------------------------------
     def tokens(self, ids: list[int]) -> None:
+        """A step's tokens. A fault here ends this request alone (the reader serves every call on its
+        stream): it fails, and leaves its worker call."""
         if self.stopped is not None:
             return
+        try:
+            self._tokens(ids)
+        except Exception as e:
+            log.exception("request %s: its output failed", self.fl.id)
+            self.stopped = Failed(f"the daemon failed on this request's output: {type(e).__name__}: {e}")
+            self._leave()
+            self._events.append(self.stopped)
+            self._notify()
+
+    def _tokens(self, ids: list[int]) -> None:
         fl, gw = self.fl, self.gw
         now = gw.clock.now()
         n = len(ids)
@@ -177,7 +189,7 @@ class Run:
             self.call = None
 
     # --- control (the request's task) ------------------------------------------------------------------
-    async def _next(self) -> TokenChunk | WorkerCallError | Finished:
+    async def _next(self) -> TokenChunk | WorkerCallError | Finished | Failed:
         """The open call's next event (its end, a hand-off, a stop, the worker lost)."""
         while True:
             if self._events:
@@ -303,7 +315,7 @@ class Run:
                 return Finished("cancelled", fl.produced)
             return _Lost(name, f"instance {name} failed mid-request: {ev.code}")
         if not isinstance(ev, TokenChunk):
-            return ev  # a stop token or string ended it
+            return ev  # a stop token or string (or a fault in its output) ended it
         if ev.handoff is not None:
             return ev.handoff
         if fl.phase in (Phase.TRANSFER, Phase.DECODE) and ev.kv_loaded_tokens >= 0:

@@ -11,13 +11,18 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 from daemon.cluster import Cluster, Instance, LoadReport
+from daemon.db.store import Store
+from daemon.db.writer import BatchWriter
+from daemon.gateway import Failed, Finished, Gateway
 from daemon.grpc_edge import ControlPlaneService
+from daemon.metrics import Metrics
 from daemon.worker_client import Call, Handoff, TokenChunk, WorkerCallError, WorkerClient
 from tetri.clock import ScaledClock
 from tetri.costmodel import load_profile
@@ -1102,5 +1107,69 @@ def test_every_worker_rpc_needs_the_cluster_token() -> None:
                 assert sum(len(c.token_ids) for c in chunks + rest) == 4 and rest[-1].finished
             finally:
                 await peers.close()
+
+    _run(scenario)
+
+
+# --- the daemon's Run: a request as one object, fed by the Serve stream's reader ---------------------------
+
+
+class _Collected:
+    """A request's output (daemon.run.Output), gathered; `fail_at`: the call to `tokens` that raises."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.ids: list[int] = []
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def tokens(self, ids: list[int], text: str) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("broken output")
+        self.ids += ids
+
+
+def test_a_fault_in_one_requests_output_ends_that_request_alone(tmp_path: Path) -> None:
+    """Every request's tokens are handed over by the one Serve stream's reader: a request whose output
+    raises there fails (its row says why, its worker call is left), while the requests beside it on the
+    same stream get all their tokens, in order."""
+
+    async def scenario() -> None:
+        store = Store.open(f"sqlite:///{tmp_path / 'tetri.db'}")
+        writer = BatchWriter(store, flush_interval_s=0.02)
+        await writer.start()
+        async with (
+            _control_plane(token=TOKEN, report_interval_s=0.02) as (cluster, _, _, daemon),
+            _worker("colocated", "c1", scale=200.0) as c1,
+        ):
+            link = ControlLink(c1.service, daemon, c1.address, TOKEN)
+            task = asyncio.create_task(link.run())
+            gw = Gateway(cluster, writer, Metrics(lambda: ([], {})), workers=WorkerClient(TOKEN))
+            try:
+                await asyncio.wait_for(link.registered.wait(), 5)
+                while cluster.entry(c1.engine.model_name, frozenset()) is None:
+                    await asyncio.sleep(0.01)
+                outs = {f"ok{i}": _Collected() for i in range(3)} | {"bad": _Collected(fail_at=3)}
+                prompts = {rid: _prompt(12, seed=i) for i, rid in enumerate(outs)}
+                ends = await asyncio.gather(
+                    *(gw.serve(rid, c1.engine.model_name, prompts[rid], 20, out) for rid, out in outs.items())
+                )
+                for (rid, out), end in zip(outs.items(), ends, strict=True):
+                    if rid == "bad":
+                        assert isinstance(end, Failed) and "broken output" in end.message
+                    else:
+                        assert end == Finished("length", 20)
+                        assert out.ids == [sim_token(prompts[rid], j, VOCAB) for j in range(20)]
+                while c1.service.generating:  # the failed request's call was left: the worker stopped it
+                    await asyncio.sleep(0.01)
+                await writer.flush()
+                assert store.get_request("bad")["status"] == "failed"  # type: ignore[index]
+                assert {store.get_request(r)["status"] for r in outs if r != "bad"} == {"finished"}  # type: ignore[index]
+            finally:
+                link.stop()
+                await task
+                await gw.close()
+        await writer.stop()
+        store.close()
 
     _run(scenario)

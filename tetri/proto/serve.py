@@ -39,7 +39,8 @@ class StreamBroken:
 
 
 class Receiver(Protocol):
-    """Where a call's answers go: called from the stream's reader task, one message at a time."""
+    """Where a call's answers go: called from the stream's reader task, one message at a time. It must not
+    raise (the reader serves every call on its stream) nor wait."""
 
     def tokens(self, ids: list[int]) -> None:
         """Tokens the call produced since its previous answer (the call goes on)."""
