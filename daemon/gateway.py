@@ -189,7 +189,6 @@ class Gateway:
             error = end.message[:500]
         self.metrics.requests.labels(status=status).inc()
         # the row's one update (its insert is the other): everything the request's run learned
-        ttft_ms = None if fl.first_token_ts is None else (fl.first_token_ts - fl.arrival) * 1000
         self.writer.submit_request_update(
             fl.id,
             phase=Phase.DONE.value,
@@ -198,7 +197,7 @@ class Gateway:
             decode_instance=fl.decode_instance,
             prefill_start_ts=fl.prefill_start_ts,
             first_token_ts=fl.first_token_ts,
-            ttft_ms=ttft_ms,
+            ttft_ms=fl.ttft_ms,
             decode_start_ts=fl.decode_start_ts,
             kv_loaded_tokens=fl.kv_loaded_tokens,
             migrations=fl.migrations,

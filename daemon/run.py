@@ -76,6 +76,10 @@ class Inflight:
     prompt_head: list[int] | None = None  # the predictor's features, kept in memory
     sampling: Sampling = GREEDY
 
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token_ts is None else (self.first_token_ts - self.arrival) * 1000
+
 
 class Output(Protocol):
     """Where a request's output goes (an SSE stream, a whole completion)."""

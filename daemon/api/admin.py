@@ -136,7 +136,7 @@ def _live(fl: Inflight) -> dict[str, Any]:
         "decode_instance": fl.decode_instance,
         "prefill_start_ts": fl.prefill_start_ts,
         "first_token_ts": fl.first_token_ts,
-        "ttft_ms": None if fl.first_token_ts is None else (fl.first_token_ts - fl.arrival) * 1000,
+        "ttft_ms": fl.ttft_ms,
         "decode_start_ts": fl.decode_start_ts,
         "migrations": fl.migrations,
         "output_tokens": fl.produced,
