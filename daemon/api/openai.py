@@ -330,13 +330,18 @@ def _usage_chunk(job: _Job, chat: bool, n: int) -> dict[str, Any]:
 _LINE_BREAKING = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
 
 
-def sse_data(body: dict[str, Any]) -> bytes:
-    """One SSE event carrying `body` as JSON, safe for line readers that split on Unicode line breaks."""
-    raw = orjson.dumps(body)
+def _json(value: Any) -> bytes:
+    """`value` as JSON, safe for line readers that split on Unicode line breaks."""
+    raw = orjson.dumps(value)
     if b"\xc2\x85" in raw or b"\xe2\x80" in raw:
         for ch, esc in _LINE_BREAKING:
             raw = raw.replace(ch, esc)
-    return b"data: " + raw + b"\n\n"
+    return raw
+
+
+def sse_data(body: dict[str, Any]) -> bytes:
+    """One SSE event carrying `body` as JSON, safe for line readers that split on Unicode line breaks."""
+    return b"data: " + _json(body) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
@@ -360,7 +365,7 @@ class _Frames:
             self.text = self._split(chat_chunk(rid, created, model, {"content": self._TEXT}, None, None, ids))
             self.bare = self._split(chat_chunk(rid, created, model, {}, None, None, ids))  # no text
         else:
-            self.text = self._split(completion_chunk(job.rid, job.created, job.model, self._TEXT, None, None, ids))
+            self.text = self._split(completion_chunk(rid, created, model, self._TEXT, None, None, ids))
             self.bare = []
 
     def _split(self, body: dict[str, Any]) -> list[bytes]:
@@ -375,22 +380,13 @@ class _Frames:
         if not text and self.bare:
             pieces, values = self.bare, [orjson.dumps(ids)] if self.with_ids else []
         else:
-            pieces, values = self.text, [_json_text(text)]
+            pieces, values = self.text, [_json(text)]
             if self.with_ids:
                 values.append(orjson.dumps(ids))
         out = pieces[0]
         for value, piece in zip(values, pieces[1:], strict=True):
             out += value + piece
         return out
-
-
-def _json_text(text: str) -> bytes:
-    """A text as JSON, safe for line readers that split on Unicode line breaks (as `sse_data`)."""
-    raw = orjson.dumps(text)
-    if b"\xc2\x85" in raw or b"\xe2\x80" in raw:
-        for ch, esc in _LINE_BREAKING:
-            raw = raw.replace(ch, esc)
-    return raw
 
 
 class _Stream:
