@@ -268,7 +268,10 @@ def summary(rs: list[Result]) -> dict[str, float]:
 COLS = ("ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "jct_mean", "jct_p99")
 
 
-def report(results: dict[str, dict[str, list[Result]]], args: argparse.Namespace) -> None:
+Spent = dict[str, dict[str, dict[str, float]]]  # system -> pattern -> process -> CPU seconds (all rounds)
+
+
+def report(results: dict[str, dict[str, list[Result]]], cpu: Spent, args: argparse.Namespace) -> None:
     t = Table(
         title=f"{args.requests} requests per pattern (poisson at {args.rate:g}/s), client-side, ms",
         title_justify="left",
@@ -290,16 +293,13 @@ def report(results: dict[str, dict[str, list[Result]]], args: argparse.Namespace
                 )
         t.add_section()
     Console(width=150).print(t)
-    cpu_table(results, args)
+    cpu_table(results, cpu, args)
     errors = {r.error for ps in results.values() for rs in ps.values() for r in rs if r.error}
     for e in sorted(errors):
         print(f"failed: {e}")
 
 
-CPU: dict[str, dict[str, dict[str, float]]] = {}  # system -> pattern -> process -> CPU seconds (all rounds)
-
-
-def cpu_table(results: dict[str, dict[str, list[Result]]], args: argparse.Namespace) -> None:
+def cpu_table(results: dict[str, dict[str, list[Result]]], spent: Spent, args: argparse.Namespace) -> None:
     t = Table(
         title="CPU of the serving processes (own, engine cores excluded): ms per request, µs per output token",
         title_justify="left",
@@ -308,7 +308,7 @@ def cpu_table(results: dict[str, dict[str, list[Result]]], args: argparse.Namesp
         t.add_column(c, justify="left" if c in ("pattern", "system", "process") else "right")
     for pattern in args.patterns:
         for s in args.systems:
-            cpu = CPU.get(s, {}).get(pattern)
+            cpu = spent.get(s, {}).get(pattern)
             if not cpu:
                 continue
             ok = [r for r in results[s][pattern] if r.error is None]
@@ -373,6 +373,7 @@ def main() -> None:
                        capture_output=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     reqs = probe(args.requests, args.seed, args.output_tokens)
     results: dict[str, dict[str, list[Result]]] = {}
+    spent: Spent = {}
     ok = False
     rounds: list[dict[str, dict[str, list[Result]]]] = []
     try:
@@ -386,9 +387,9 @@ def main() -> None:
                         times = arrivals(pattern, len(reqs), args.rate, args.seed)
                         t0 = time.perf_counter()
                         got, cpu = asyncio.run(run_pattern(url, reqs, times, pids))
-                        spent = CPU.setdefault(system, {}).setdefault(pattern, {})
+                        here = spent.setdefault(system, {}).setdefault(pattern, {})
                         for name, sec in cpu.items():
-                            spent[name] = spent.get(name, 0.0) + sec
+                            here[name] = here.get(name, 0.0) + sec
                         rounds[-1].setdefault(system, {})[pattern] = got
                         results.setdefault(system, {}).setdefault(pattern, []).extend(got)
                         print(f"  {pattern}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -400,7 +401,7 @@ def main() -> None:
             }
             args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": raw}))
         if results:
-            report(results, args)
+            report(results, spent, args)
             if len(rounds) > 1:
                 spread(rounds, args)
         if ok:

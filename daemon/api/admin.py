@@ -117,8 +117,7 @@ async def _inflight_rows(
     if status not in (None, Status.RUNNING):
         return [], 0
     hits = [fl for fl in gw.inflight.values() if fl.phase == phase and fl.id.startswith(id_prefix or "")]
-    hits.sort(key=lambda fl: fl.id)
-    hits.sort(key=lambda fl: fl.arrival, reverse=True)
+    hits.sort(key=lambda fl: (-fl.arrival, fl.id))
     page = [fl.id for fl in hits[offset : offset + limit]]
     stored = await asyncio.to_thread(request.app.state.store.get_requests, page)
     empty = dict.fromkeys(sorted(REQUEST_COLUMNS))
