@@ -26,14 +26,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tetri.clock import ClusterClock
 from tetri.config import DaemonSettings, flip_advisor, start_policies
+from tetri.scheduling.policyset import PolicyError
 
 from .api import admin, openai
 from .api.guard import BodyGuard, documented_openapi, validation_param
 from .api.schemas import error_body, errors
-from .cluster import Cluster, Instance
+from .cluster import Cluster, ClusterView, Instance
+from .controller_link import FrontLink
 from .db.store import Store, make_engine, migrate
 from .db.writer import BatchWriter
 from .flips import Flipper
+from .fronts import FrontWatch
 from .gateway import Gateway, new_request_id
 from .grpc_edge import ControlPlaneServer, Tls, bind_control_plane, start_control_plane
 from .metrics import Metrics, sample_loop_lag
@@ -48,20 +51,31 @@ def create_app(
     settings: DaemonSettings,
     mode: str = "disaggregated",
     grpc_server: ControlPlaneServer | None = None,
+    role: str = "daemon",
+    front: FrontLink | None = None,
 ) -> FastAPI:
-    """The daemon's app. `grpc_server`: the ControlPlane's server already bound (`bind_control_plane`),
-    so a port in use fails before anything starts; None binds it at start-up."""
+    """The app of a daemon (`role` "daemon": the whole control plane in one process), of a controller
+    ("controller": registry, policies, flips; no OpenAI API) or of a front ("front", following `front`'s
+    controller: OpenAI API and admin reads; policy changes and flips go to the controller).
+    `grpc_server`: the ControlPlane's server already bound (`bind_control_plane`), so a port in use fails
+    before anything starts; None binds it at start-up (not a front's: it has none)."""
     tls = Tls(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if front is not None:
+            async with _front(app, settings, front):
+                yield
+            return
         server = grpc_server or bind_control_plane(settings.grpc_host, settings.grpc_port, settings.grpc_token(), tls)
         url = settings.database_url()
         await asyncio.to_thread(migrate, url)
         store = Store(make_engine(url))
         latest = await asyncio.to_thread(store.latest_timestamp)
         clock = ClusterClock(settings.time_scale, origin=max(time.time(), latest or 0.0))
-        recovered = await asyncio.to_thread(store.recover_interrupted, clock.now())
+        fronts = FrontWatch(store, clock)
+        # a controller's fronts live on across its restart: their rows end only when they do not come back
+        recovered = 0 if role == "controller" else await asyncio.to_thread(store.recover_interrupted, clock.now())
         writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
         await writer.start()
         cluster = Cluster(
@@ -72,12 +86,7 @@ def create_app(
             clock,
             dead_after_s=settings.dead_after_s,
         )
-        if settings.policies:  # the cluster's first policy version: the workers apply it from the first broadcast
-            before, after = cluster.policies.to_dict(), start_policies(settings).to_dict()
-            cluster.set_policies(start_policies(settings))
-            for name in (k for k in after if after[k] != before[k]):  # audited as the configuration's
-                old, new = json.dumps(before[name]), json.dumps(after[name])
-                await asyncio.to_thread(store.record_policy_change, clock.now(), name, old, new, "daemon config")
+        await _start_policies(settings, cluster, store)
         predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
         gateway = Gateway(
             cluster,
@@ -101,29 +110,92 @@ def create_app(
         cluster.on_removed = on_removed
         cluster.on_broadcast = metrics.broadcast_delay.observe
         served = ServedModels()
-        await start_control_plane(server, cluster, on_register, served.prepare, metrics.report.observe)
+        service = await start_control_plane(
+            server, cluster, on_register, served.prepare, metrics.report.observe, fronts.changed
+        )
+        service.admin_url = app.state.url
         app.state.served = served
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
         app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, server.port, recovered
         flipper = Flipper(cluster, gateway.workers, store, flip_advisor(settings), writer.pending_fields)
         app.state.flipper = flipper
-        monitor = asyncio.create_task(cluster.monitor())
-        # one model second (the simulator's watch interval), no more often than load reports arrive
-        watcher = asyncio.create_task(flipper.watch(max(settings.report_interval_s, 1.0 / clock.scale)))
-        retrainer = asyncio.create_task(predictor.loop(lambda: cluster.policies, settings.predictor_retrain_s))
+        tasks = [
+            asyncio.create_task(cluster.monitor()),
+            # one model second (the simulator's watch interval), no more often than load reports arrive
+            asyncio.create_task(flipper.watch(max(settings.report_interval_s, 1.0 / clock.scale))),
+            asyncio.create_task(predictor.loop(lambda: cluster.policies, settings.predictor_retrain_s)),
+            asyncio.create_task(_retention(store, clock, settings.load_retention_s)),
+            asyncio.create_task(sample_loop_lag(metrics.loop_lag)),
+        ]
+        if role == "controller":
+            tasks.append(asyncio.create_task(fronts.sweep()))
         app.state.predictor = predictor
-        retention = asyncio.create_task(_retention(store, clock, settings.load_retention_s))
-        lag = asyncio.create_task(sample_loop_lag(metrics.loop_lag))
         try:
             yield
         finally:
-            monitor.cancel()
-            lag.cancel()
-            retention.cancel()
-            watcher.cancel()
-            retrainer.cancel()
+            for task in tasks:
+                task.cancel()
+            await fronts.close()
             await flipper.close()
             await server.stop(grace=0.5)
+            await gateway.close()
+            await writer.stop()
+            store.close()
+            log.info("stopped")
+
+    @asynccontextmanager
+    async def _front(app: FastAPI, settings: DaemonSettings, link: FrontLink) -> AsyncIterator[None]:
+        """A front's life: the controller's first view (its clock, registry and policies), then the
+        status tables (the controller migrated them), the writer and the gateway; the view followed."""
+        view = await link.first(settings.front_connect_s)
+        clock = ClusterClock(view.time_scale, origin=view.clock_now)
+        store = Store(make_engine(settings.database_url()))
+        writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
+        await writer.start()
+        cluster = Cluster(settings.report_interval_s, settings.unhealthy_after, None, clock=clock)
+        served = ServedModels()
+
+        async def apply(v: ClusterView) -> None:
+            for s in v.instances:  # a model new to this front: its tokenizer first
+                known = cluster.instances.get(s.registration.instance_id)
+                if known is None or known.address != s.registration.address:
+                    refusal = await served.prepare(s.registration)
+                    if refusal is not None:
+                        log.error("instance %s: %s", s.registration.instance_id, refusal)
+            cluster.follow(v)
+
+        await apply(view)
+        predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
+        gateway = Gateway(
+            cluster,
+            writer,
+            metrics,
+            predictor,
+            workers=WorkerClient(settings.grpc_token(), tls),
+            max_migrations=settings.max_migrations,
+            migration_wait_s=settings.migration_wait_s,
+            entry_wait_s=settings.entry_wait_s,
+            store_prompt_samples=settings.store_prompt_samples,
+            front=link.front_id,
+        )
+        metrics.watch_predictor(predictor)
+        app.state.served, app.state.front = served, link
+        app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
+        app.state.cluster, app.state.grpc_port, app.state.recovered, app.state.predictor = cluster, 0, 0, predictor
+        tasks = [
+            asyncio.create_task(link.run(apply)),
+            asyncio.create_task(predictor.loop(lambda: cluster.policies, settings.predictor_retrain_s)),
+            asyncio.create_task(sample_loop_lag(metrics.loop_lag)),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await link.close()
+            client = getattr(app.state, "controller_http", None)
+            if client is not None:
+                await client.aclose()
             await gateway.close()
             await writer.stop()
             store.close()
@@ -134,6 +206,8 @@ def create_app(
     app.openapi = lambda: documented_openapi(app)  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.mode = mode
+    app.state.role = role
+    app.state.url = ""  # its HTTP API's address, once bound (daemon.main sets it)
     app.state.started = time.monotonic()
 
     def metrics_source() -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -147,7 +221,8 @@ def create_app(
 
     metrics = Metrics(metrics_source)
     app.state.metrics = metrics
-    app.include_router(openai.router)
+    if role != "controller":  # a controller's clients are its fronts and operators: no OpenAI API
+        app.include_router(openai.router)
     app.include_router(admin.router)
 
     @app.exception_handler(RequestValidationError)
@@ -201,6 +276,26 @@ def create_app(
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     return app
+
+
+async def _start_policies(settings: DaemonSettings, cluster: Cluster, store: Store) -> None:
+    """The cluster's first policy version (the workers apply it from the first broadcast): the configured
+    policies, or with `resume_policies` those last in force. Each field that differs from what the audit
+    trail last says is audited as the configuration's, so the trail always ends in the cluster's state."""
+    audited = await asyncio.to_thread(store.latest_policies)
+    known = set(cluster.policies.to_dict())
+    try:
+        last = cluster.policies.changed(**{k: v for k, v in audited.items() if k in known})
+    except PolicyError as e:  # a value an older version accepted: the trail starts over from the defaults
+        log.warning("the policy audit trail's last values do not apply (%s): starting from the defaults", e)
+        last = cluster.policies
+    start = last if settings.resume_policies else start_policies(settings)
+    if start.to_dict() != cluster.policies.to_dict():
+        cluster.set_policies(start)
+    before, after = last.to_dict(), start.to_dict()
+    for name in (k for k in after if after[k] != before[k]):
+        old, new = json.dumps(before[name]), json.dumps(after[name])
+        await asyncio.to_thread(store.record_policy_change, cluster.clock.now(), name, old, new, "daemon config")
 
 
 def _write_behind(what: str, write: Callable[[], object], then: Callable[[], None] | None = None) -> None:

@@ -104,6 +104,30 @@ class DecodeBroadcast:
 
 
 @dataclass(frozen=True)
+class InstanceState:
+    """One instance as the controller sees it: how it registered, its state (the controller's word) and
+    its last load report."""
+
+    registration: Registration
+    state: str
+    load: LoadReport
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What a front follows (`Cluster.view` on the controller, `Cluster.follow` on a front): every
+    registered instance, the runtime policies with their version, and the cluster clock."""
+
+    instances: list[InstanceState]
+    policies_json: str
+    policy_version: int
+    clock_now: float
+    time_scale: float
+    admin_url: str = ""  # the controller's HTTP API (policy changes and flips go there)
+    settled: bool = True  # False: the controller started less than its dead-after time ago (see `follow`)
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """What the registered instances of one model announce, whatever their state."""
 
@@ -122,6 +146,7 @@ class Instance:
     max_model_len: int
     kv_capacity_tokens: int
     vocab_size: int = 0
+    tokenizer: str = ""  # where the model's tokenizer is (as it registered)
     state: str = "active"  # active | draining | flipping | unhealthy
     last_report: float = 0.0  # cluster clock of the last report (or of the registration)
     load: LoadReport = field(default_factory=LoadReport)
@@ -130,6 +155,11 @@ class Instance:
     flip_pending: bool = False  # the daemon started a flip: stay out of routing whatever reports say
     recorded: bool = False  # the status tables hold its row: its load samples can be written
     sampled_report: int = -1  # the report last written as a load sample (-1: none yet)
+
+    def registration(self) -> Registration:
+        """The instance as it would register now (in its present role)."""
+        r = (self.id, self.role, self.address, self.model, self.max_model_len, self.kv_capacity_tokens)
+        return Registration(*r, self.vocab_size, self.tokenizer)
 
     def snapshot(self) -> InstanceLoad:
         return InstanceLoad(
@@ -204,6 +234,9 @@ class Cluster:
         # load reports and `routed`, so a request reads them instead of scanning the registry
         self._routes: dict[tuple[str, str], MinIndex] | None = None
         self._catalog: dict[str, ModelEntry] | None = None
+        self.changes = 0  # counts what a front's view would show differently (reports, registry, states)
+        self.started = self.clock.now()
+        self._followed_policies = ""  # a front: the policies of the last view it followed, as sent
 
     def instance_dicts(self) -> list[dict[str, object]]:
         now = self.clock.now()
@@ -230,6 +263,7 @@ class Cluster:
             reg.max_model_len,
             reg.kv_capacity_tokens,
             reg.vocab_size,
+            reg.tokenizer,
             last_report=self.clock.now(),
         )
         old = self.instances.get(reg.instance_id)
@@ -252,6 +286,7 @@ class Cluster:
         inst.load = msg
         inst.last_report = now
         inst.reports += 1
+        self.changes += 1
         if inst.state == "unhealthy":
             log.warning("instance %s is reporting again", inst.id)
         if not inst.flip_pending:
@@ -400,6 +435,7 @@ class Cluster:
         self._broadcast = None
         self._routes = None
         self._catalog = None
+        self.changes += 1
 
     def decode_broadcast(self, role: str = "prefill") -> DecodeBroadcast:
         """The answer to a load report from an instance in `role`: the decode instances' load for a prefill
@@ -434,6 +470,57 @@ class Cluster:
         if role != "prefill" and policy_version == self.policy_version:
             return None
         return self.decode_broadcast(role)
+
+    # --- a front's copy of the controller's registry ------------------------------------------------------
+    def view(self) -> ClusterView:
+        """The registry as a front follows it (instances flipping show as draining: out of routing)."""
+        return ClusterView(
+            [
+                InstanceState(
+                    i.registration(),
+                    "draining" if i.flip_pending else i.state,
+                    i.load,
+                )
+                for i in self.instances.values()
+            ],
+            json.dumps(self.policies.to_dict()),
+            self.policy_version,
+            self.clock.now(),
+            self.clock.scale,
+            settled=self.clock.now() - self.started >= self.clock.model_seconds(self.dead_after_s),
+        )
+
+    def follow(self, view: ClusterView) -> list[Instance]:
+        """A front takes the controller's view: instances new (or re-registered at another address) are
+        registered, each one's state, role and load become the view's, those missing from it are removed
+        (unless the view is not settled: a controller that just started does not know every live worker
+        yet), and the policies are the view's. The front's own counts of requests routed to each instance
+        stay. Returns the instances registered by this view."""
+        now = self.clock.now()
+        new: list[Instance] = []
+        for s in view.instances:
+            reg = s.registration
+            inst = self.instances.get(reg.instance_id)
+            if inst is None or (inst.address, inst.model, inst.tokenizer) != (reg.address, reg.model, reg.tokenizer):
+                inst = self.register(reg)
+                new.append(inst)
+            inst.load, inst.last_report = s.load, now
+            inst.reports += 1
+            if (inst.state, inst.role) != (s.state, reg.role):
+                inst.state, inst.role = s.state, reg.role
+                self.invalidate()
+            self._reindex(inst)
+        seen = {s.registration.instance_id for s in view.instances}
+        for gone in [i for i in self.instances.values() if i.id not in seen and view.settled]:
+            del self.instances[gone.id]
+            self.invalidate()
+            if self.on_removed is not None:
+                self.on_removed(gone)
+        if (view.policy_version, view.policies_json) != (self.policy_version, self._followed_policies):
+            self.policies = PolicySet(**json.loads(view.policies_json))
+            self.policy_version, self._followed_policies = view.policy_version, view.policies_json
+            self.invalidate()
+        return new
 
     def set_policies(self, policies: PolicySet) -> None:
         self.policies = policies

@@ -58,7 +58,9 @@ class Gateway:
         migration_wait_s: float = 30.0,
         entry_wait_s: float = 5.0,
         store_prompt_samples: bool = False,
+        front: str | None = None,
     ) -> None:
+        self.front = front  # the front's incarnation id every row it inserts carries (None: a daemon)
         self.predictor = predictor
         self.max_migrations = max_migrations
         self.migration_wait_s = migration_wait_s
@@ -109,6 +111,7 @@ class Gateway:
             max_tokens=max_tokens,
             finished_ts=now,
             error=message[:500],
+            front=self.front,
         )
         self.metrics.requests.labels(status=Status.REJECTED).inc()
 
@@ -155,6 +158,7 @@ class Gateway:
             predicted_lo=fl.predicted[0] if fl.predicted else None,
             predicted_hi=fl.predicted[1] if fl.predicted else None,
             prompt_sample=json.dumps(prompt_ids[:PROMPT_SAMPLE]) if self.store_prompt_samples else None,
+            front=self.front,
         )
         end: Finished | Failed | None = None
         try:

@@ -6,6 +6,7 @@ cluster's plain data (`daemon.cluster`). Protobuf goes no further into the daemo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,9 +17,16 @@ import grpc
 from tetri.proto import pb, rpc
 from tetri.proto.security import NO_TLS, PortInUse, Tls, make_server
 
-from .cluster import Cluster, DecodeBroadcast, Instance, LoadReport, Registration
+from .cluster import Cluster, ClusterView, DecodeBroadcast, Instance, InstanceState, LoadReport, Registration
 
-__all__ = ["ControlPlaneServer", "PortInUse", "Tls", "bind_control_plane", "start_control_plane"]
+__all__ = [
+    "ControlPlaneServer",
+    "PortInUse",
+    "Tls",
+    "bind_control_plane",
+    "start_control_plane",
+    "view_from_pb",
+]
 
 _LOAD_FIELDS = tuple(f.name for f in dataclasses.fields(LoadReport))
 
@@ -44,6 +52,46 @@ def registration_from_pb(msg: pb.RegisterRequest) -> Registration:
     )
 
 
+def registration_to_pb(r: Registration) -> pb.RegisterRequest:
+    return pb.RegisterRequest(
+        instance_id=r.instance_id,
+        role=r.role,
+        address=r.address,
+        model=r.model,
+        max_model_len=r.max_model_len,
+        kv_capacity_tokens=r.kv_capacity_tokens,
+        vocab_size=r.vocab_size,
+        tokenizer=r.tokenizer,
+    )
+
+
+def view_to_pb(v: ClusterView) -> pb.ClusterView:
+    return pb.ClusterView(
+        instances=[
+            pb.InstanceView(registration=registration_to_pb(s.registration), state=s.state, load=load_to_pb(s.load))
+            for s in v.instances
+        ],
+        policies_json=v.policies_json,
+        policy_version=v.policy_version,
+        clock_now=v.clock_now,
+        time_scale=v.time_scale,
+        admin_url=v.admin_url,
+        settled=v.settled,
+    )
+
+
+def view_from_pb(msg: pb.ClusterView) -> ClusterView:
+    return ClusterView(
+        [InstanceState(registration_from_pb(s.registration), s.state, load_from_pb(s.load)) for s in msg.instances],
+        msg.policies_json,
+        msg.policy_version,
+        msg.clock_now,
+        msg.time_scale,
+        msg.admin_url,
+        msg.settled,
+    )
+
+
 def broadcast_to_pb(b: DecodeBroadcast) -> pb.DecodeLoadBroadcast:
     return pb.DecodeLoadBroadcast(
         instances=[
@@ -57,8 +105,9 @@ def broadcast_to_pb(b: DecodeBroadcast) -> pb.DecodeLoadBroadcast:
 
 
 class ControlPlaneService(rpc.ControlPlaneServicer):
-    """Registration and load reporting. Every call carries the cluster token (checked by the server's
-    interceptor, `tetri.proto.security`); a registration for an id a live worker holds is refused."""
+    """Registration, load reporting, and the fronts' view. Every call carries the cluster token (checked by
+    the server's interceptor, `tetri.proto.security`); a registration for an id a live worker holds is
+    refused."""
 
     def __init__(
         self,
@@ -66,12 +115,30 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
         on_register: Callable[[Instance], None],
         prepare: Callable[[Registration], Awaitable[str | None]] | None = None,
         on_report: Callable[[float], None] | None = None,
+        on_front: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.on_register = on_register
         self.prepare = prepare  # e.g. load the model's tokenizer; returns why it cannot (refused)
         self.on_report = on_report  # seconds taken by one report and its broadcast (tetri_report_seconds)
+        self.on_front = on_front  # a front's view stream began (True) or ended (False)
+        self.admin_url = ""  # the controller's HTTP API, told to fronts in their view
         self._converted: dict[int, tuple[DecodeBroadcast, pb.DecodeLoadBroadcast]] = {}
+
+    async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ClusterView]:
+        front = request.front_id
+        if self.on_front is not None:
+            self.on_front(front, True)
+        try:
+            sent = -1
+            while True:
+                if self.cluster.changes != sent:
+                    sent = self.cluster.changes
+                    yield view_to_pb(dataclasses.replace(self.cluster.view(), admin_url=self.admin_url))
+                await asyncio.sleep(self.cluster.report_interval_s / 2)
+        finally:
+            if self.on_front is not None:
+                self.on_front(front, False)
 
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReply:
         reg = registration_from_pb(request)
@@ -132,8 +199,10 @@ async def start_control_plane(
     on_register: Callable[[Instance], None],
     prepare: Callable[[Registration], Awaitable[str | None]] | None = None,
     on_report: Callable[[float], None] | None = None,
-) -> None:
+    on_front: Callable[[str, bool], None] | None = None,
+) -> ControlPlaneService:
     """Serve the ControlPlane service on a bound server."""
-    service = ControlPlaneService(cluster, on_register, prepare, on_report)
+    service = ControlPlaneService(cluster, on_register, prepare, on_report, on_front)
     rpc.add_ControlPlaneServicer_to_server(service, bound.server)
     await bound.server.start()
+    return service

@@ -14,6 +14,7 @@ import logging
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -28,9 +29,12 @@ from tetri.logsetup import configure_logging
 
 from .api.front import OpenAIFront
 from .app import create_app
+from .controller_link import FrontLink
 from .db.store import ensure_sqlite_parent_dir
+from .fronts import front_incarnation
 from .gateway import Gateway
 from .grpc_edge import PortInUse, Tls, bind_control_plane
+from .supervisor import Supervisor
 
 log = logging.getLogger("tetri.daemon")
 
@@ -85,12 +89,15 @@ class DrainingServer(uvicorn.Server):
                 await asyncio.sleep(0.02)
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (as uvicorn would bind it; OSError when it cannot)."""
+def _listen(host: str, port: int, shared: bool = False) -> socket.socket:
+    """A listening TCP socket on host:port (as uvicorn would bind it; OSError when it cannot). `shared`:
+    with SO_REUSEPORT, so the fronts on a host take the same port (the kernel spreads connections)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(2048)
     except OSError:
@@ -104,25 +111,57 @@ def _error(message: str) -> None:
     print(json.dumps({"event": "error", "error": message}), flush=True)
 
 
-async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
+@dataclass(frozen=True)
+class Role:
+    """What this process is: "daemon" (the whole control plane), "controller" or "front" (`daemon.fronts`).
+    A front follows the controller at `controller` (gRPC host:port), named `front_name`, and listens on a
+    port of its own (`front_port`, 0: any) besides the shared one."""
+
+    name: str = "daemon"
+    controller: str | None = None
+    front_name: str = "front"
+    front_port: int = 0
+
+
+def _bind_error(host: str, port: int, e: OSError) -> str:
+    if e.errno == errno.EADDRINUSE:
+        return f"HTTP: cannot serve on {host}:{port} (in use); choose another port with --port"
+    return f"HTTP: cannot serve on {host}:{port} ({(e.strerror or str(e)).lower()})"
+
+
+async def serve(settings: DaemonSettings, mode: str = "disaggregated", role: Role = Role()) -> int:
     tls = Tls(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file)
-    try:  # bind the gRPC port first: one in use is an error before anything starts
-        grpc_server = bind_control_plane(settings.grpc_host, settings.grpc_port, settings.grpc_token(), tls)
-    except PortInUse as e:
-        _error(f"control-plane gRPC: {e}")
-        return 2
-    try:  # and the HTTP port, ourselves: uvicorn reports a busy port with a traceback
-        sock = _listen(settings.host, settings.port)
+    front = role.name == "front"
+    grpc_server = None
+    if not front:
+        try:  # bind the gRPC port first: one in use is an error before anything starts
+            grpc_server = bind_control_plane(settings.grpc_host, settings.grpc_port, settings.grpc_token(), tls)
+        except PortInUse as e:
+            _error(f"control-plane gRPC: {e}")
+            return 2
+    socks: list[socket.socket] = []
+    try:  # and the HTTP port(s), ourselves: uvicorn reports a busy port with a traceback
+        socks.append(_listen(settings.host, settings.port, shared=front))
+        if front:
+            socks.append(_listen(settings.host, role.front_port))
     except OSError as e:
-        await grpc_server.stop(0)
-        if e.errno == errno.EADDRINUSE:
-            _error(f"HTTP: cannot serve on {settings.host}:{settings.port} (in use); choose another port with --port")
-        else:
-            _error(f"HTTP: cannot serve on {settings.host}:{settings.port} ({(e.strerror or str(e)).lower()})")
+        for sock in socks:
+            sock.close()
+        if grpc_server is not None:
+            await grpc_server.stop(0)
+        _error(_bind_error(settings.host, role.front_port if socks else settings.port, e))
         return 2
-    app = create_app(settings, mode, grpc_server)
+    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    scheme = "https" if settings.tls_cert_file else "http"
+    urls = [f"{scheme}://{host}:{sock.getsockname()[1]}" for sock in socks]
+    link = None
+    if front:
+        assert role.controller is not None
+        link = FrontLink(role.controller, front_incarnation(role.front_name), settings.grpc_token(), tls)
+    app = create_app(settings, mode, grpc_server, role.name, link)
+    app.state.url = urls[-1]
     config = uvicorn.Config(
-        OpenAIFront(app, settings),
+        app if role.name == "controller" else OpenAIFront(app, settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -137,34 +176,30 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated") -> int:
 
     async def run_server() -> None:
         with contextlib.suppress(SystemExit):  # uvicorn exits the process when its start-up fails: not here
-            await server.serve(sockets=[sock])
+            await server.serve(sockets=socks)
 
     task = asyncio.create_task(run_server())
     while not server.started:
         if task.done():  # the start-up failed (the lifespan logged why)
-            sock.close()
-            await grpc_server.stop(0)
-            _error("the daemon's start-up failed (the log says why)")
+            for sock in socks:
+                sock.close()
+            if grpc_server is not None:
+                await grpc_server.stop(0)
+            _error(f"the {role.name}'s start-up failed (the log says why)")
             return 2
         await asyncio.sleep(0.02)
     freeze_startup_heap()
-    port = server.servers[0].sockets[0].getsockname()[1]
-    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    scheme = "https" if settings.tls_cert_file else "http"
-    print(
-        json.dumps(
-            {
-                "event": "ready",
-                "url": f"{scheme}://{host}:{port}",
-                "grpc": f"{settings.grpc_host}:{app.state.grpc_port}",
-                "recovered_interrupted": app.state.recovered,
-                "time_scale": settings.time_scale,
-                "event_loop": eventloop.running(),
-            }
-        ),
-        flush=True,
-    )
-    log.info("serving on %s://%s:%s (gRPC %s:%s)", scheme, host, port, settings.grpc_host, app.state.grpc_port)
+    ready: dict[str, Any] = {"event": "ready", "url": urls[0], "role": role.name}
+    if front:
+        assert link is not None
+        ready |= {"front_url": urls[1], "front": link.front_id, "controller": role.controller}
+        ready["time_scale"] = app.state.cluster.clock.scale
+    else:
+        ready["grpc"] = f"{settings.grpc_host}:{app.state.grpc_port}"
+        ready["time_scale"] = settings.time_scale
+    ready |= {"recovered_interrupted": app.state.recovered, "event_loop": eventloop.running()}
+    print(json.dumps(ready), flush=True)
+    log.info("%s serving on %s", role.name, ", ".join(urls))
     await task  # (uvicorn re-raises a captured SIGTERM after this: the lifespan logs the stop)
     return 0
 
@@ -183,6 +218,23 @@ def _policy_args(args: list[str]) -> dict[str, Any]:
     return out
 
 
+_OWN_FLAGS = {"--fronts": 1, "--port": 1, "--grpc-port": 1, "--role": 1}  # the supervisor sets these per child
+
+
+def _passed_on(argv: list[str] | None) -> list[str]:
+    """The command line without the flags the supervisor sets for each child."""
+    args, out = list(sys.argv[1:] if argv is None else argv), []
+    while args:
+        arg = args.pop(0)
+        flag = arg.split("=", 1)[0]
+        if flag in _OWN_FLAGS:
+            if "=" not in arg:
+                del args[: _OWN_FLAGS[flag]]
+            continue
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run the Tetri control-plane daemon.")
     ap.add_argument("--config", type=Path)
@@ -195,6 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token")
     ap.add_argument("--time-scale", type=float, help="The cluster clock: model seconds per wall second.")
     ap.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
+    ap.add_argument(
+        "--fronts",
+        type=int,
+        metavar="N",
+        help="Run the control plane as a controller and N fronts sharing the HTTP port (docs/cluster.md).",
+    )
+    ap.add_argument("--role", default="daemon", choices=["daemon", "controller", "front"], help=argparse.SUPPRESS)
+    ap.add_argument("--controller", metavar="HOST:PORT", help="A front: the controller's gRPC address.")
+    ap.add_argument("--front-name", default="front", help="A front: its name (its rows carry NAME.PID).")
+    ap.add_argument("--front-port", type=int, default=0, help="A front: its own HTTP port besides --port (0: any).")
+    ap.add_argument("--resume-policies", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--policy",
         action="append",
@@ -231,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             log_level=a.log_level,
             log_file=a.log_file,
             log_format=a.log_format,
+            resume_policies=a.resume_policies or None,
         )
         if a.policy:  # over the configured ones, as every flag is
             settings = settings.model_copy(update={"policies": settings.policies | _policy_args(a.policy)})
@@ -243,14 +307,24 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.fronts is not None:
+        if a.fronts < 1:
+            print("error: --fronts must be at least 1", file=sys.stderr)
+            return 2
+        ports = (settings.host, settings.port, settings.grpc_port)
+        return Supervisor(_passed_on(argv), a.fronts, *ports, settings.drain_grace_s).run()
+    if a.role == "front" and not a.controller:
+        print("error: a front needs --controller HOST:PORT (the controller's gRPC address)", file=sys.stderr)
+        return 2
+    role = Role(a.role, a.controller, a.front_name, a.front_port)
     try:
-        configure_logging(settings.log_level, settings.log_file, settings.log_format, "daemon")
+        configure_logging(settings.log_level, settings.log_file, settings.log_format, a.role)
     except OSError as e:
         print(f"error: [daemon] log_file: cannot open {settings.log_file}: {e.strerror}", file=sys.stderr)
         return 2
     code = 0
     with contextlib.suppress(KeyboardInterrupt):
-        code = eventloop.run(serve(settings, a.mode), loop)
+        code = eventloop.run(serve(settings, a.mode, role), loop)
     return code
 
 

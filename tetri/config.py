@@ -90,6 +90,14 @@ class DaemonSettings(BaseSettings):
     dead_after_s: float = Field(
         10.0, gt=0, description="An instance silent this long (wall seconds) is removed from the registry."
     )
+    front_connect_s: float = Field(
+        30.0, gt=0, description="A front: how long it waits for the controller's first view before giving up."
+    )
+    resume_policies: bool = Field(
+        False,
+        description="Start with the policies last in force (the audit trail's), not the configured ones: a "
+        "controller restarted after a crash (`--fronts` restarts it so).",
+    )
     store_prompt_samples: bool = Field(
         False,
         description="Keep each prompt's first 256 token ids in the status table (the learned length "

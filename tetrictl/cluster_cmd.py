@@ -22,6 +22,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the ready report as
 
 daemon_app = typer.Typer(help="The control-plane daemon.", no_args_is_help=True, rich_markup_mode=None)
 worker_app = typer.Typer(help="Prefill/decode workers.", no_args_is_help=True, rich_markup_mode=None)
+front_app = typer.Typer(
+    help="Fronts: API-serving processes that follow a controller.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 def _exec(module: str, args: list[str]) -> None:
@@ -53,14 +56,24 @@ def daemon_start(
     time_scale: Annotated[
         float | None, typer.Option(help="The cluster clock: model seconds per wall second (the sim workers').")
     ] = None,
+    fronts: Annotated[
+        int | None,
+        typer.Option(
+            help="Run a controller and N fronts that share the HTTP port (SO_REUSEPORT), each kept running "
+            "(docs/cluster.md, 'Fronts and a controller')."
+        ),
+    ] = None,
     config: ConfigOpt = None,
     log_level: LogLevelOpt = None,
     log_file: LogFileOpt = None,
     log_format: LogFormatOpt = None,
 ) -> None:
     """Run the daemon in the foreground (prints a JSON ready line)."""
+    if fronts is not None and fronts < 1:
+        fail("--fronts must be at least 1")
     args: list[str] = []
     for flag, v in (
+        ("--fronts", fronts),
         ("--log-level", log_level),
         ("--log-file", log_file),
         ("--log-format", log_format),
@@ -72,6 +85,43 @@ def daemon_start(
         ("--db-url", db_url),
         ("--token", token),
         ("--time-scale", time_scale),
+        ("--config", config),
+    ):
+        _opt(args, flag, v)
+    _exec("daemon.main", args)
+
+
+@front_app.command("start")
+def front_start(
+    controller: Annotated[str, typer.Option(help="The controller's gRPC address, HOST:PORT.")],
+    name: Annotated[str, typer.Option(help="The front's name (its status rows carry NAME.PID).")] = "front",
+    host: Annotated[str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="HTTP port, shared with the host's other fronts (default 8000).")
+    ] = None,
+    front_port: Annotated[int, typer.Option(help="A port of this front's own besides --port (0: any).")] = 0,
+    state_dir: Annotated[Path | None, typer.Option(help="Directory of the SQLite status tables.")] = None,
+    db_url: Annotated[
+        str | None, typer.Option(help="The controller's database (PostgreSQL for fronts on several hosts).")
+    ] = None,
+    token: Annotated[str | None, typer.Option(help="Bearer token (required off loopback).")] = None,
+    config: ConfigOpt = None,
+    log_level: LogLevelOpt = None,
+    log_file: LogFileOpt = None,
+    log_format: LogFormatOpt = None,
+) -> None:
+    """Run one front in the foreground, following the controller at --controller (prints a JSON ready line
+    once it has the controller's view)."""
+    args = ["--role", "front", "--controller", controller, "--front-name", name, "--front-port", str(front_port)]
+    for flag, v in (
+        ("--log-level", log_level),
+        ("--log-file", log_file),
+        ("--log-format", log_format),
+        ("--host", host),
+        ("--port", port),
+        ("--state-dir", state_dir),
+        ("--db-url", db_url),
+        ("--token", token),
         ("--config", config),
     ):
         _opt(args, flag, v)
@@ -183,6 +233,13 @@ def up(
     ] = 1.0,
     port: Annotated[int, typer.Option(help="Daemon HTTP port (0 = any free port).")] = 8000,
     grpc_port: Annotated[int, typer.Option(help="Daemon gRPC port (0 = any free port).")] = 50051,
+    fronts: Annotated[
+        int,
+        typer.Option(
+            help="0: one daemon process. N: a controller and N fronts sharing the HTTP port, each restarted "
+            "when it dies (docs/cluster.md, 'Fronts and a controller')."
+        ),
+    ] = 0,
     state_dir: Annotated[Path, typer.Option(help="Directory of the SQLite status tables.")] = Path("state"),
     config: ConfigOpt = None,
     log_level: LogLevelOpt = None,
@@ -210,6 +267,8 @@ def up(
     for role, n in counts.items():
         if n < 1:
             fail(f"--{role} must be at least 1")
+    if fronts < 0:
+        fail("--fronts must be 0 (one daemon process) or more")
     stopping = {"flag": False}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -230,10 +289,13 @@ def up(
             config=config,
             policies={"colocated_schedule": baseline} if baseline else None,
             log_args=log_args,
+            fronts=fronts,
         )
     except StartError as e:
         fail(str(e), exitcodes.REFUSED)
     doc = {"url": cluster.url, "grpc": cluster.grpc, "mode": mode, "baseline": baseline, "workers": cluster.workers}
+    if fronts:
+        doc |= {"controller": cluster.ready["controller"], "fronts": cluster.ready["fronts"]}
     if json_out:
         print_json(doc)
     else:

@@ -2,89 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-import selectors
-import signal
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from tetri.children import StartError, spawn, stop_all, wait_ready
 
-class StartError(RuntimeError):
-    pass
-
-
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM when the process that started it dies, even by SIGKILL, so a
-    killed `tetrictl up` (or test run) never leaves a cluster behind."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def spawn(
-    module: str, args: list[str], env_extra: dict[str, str] | None = None, stderr: IO[str] | None = None
-) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        env=env,
-        process_group=0,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-    )
-
-
-def wait_ready(proc: subprocess.Popen[str], what: str, timeout: float = 60.0) -> dict[str, Any]:
-    """Read the child's stdout until its {"event": "ready"} line (or an error / exit / timeout)."""
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                break
-            line = proc.stdout.readline()
-            if not line:
-                raise StartError(f"{what} exited with code {proc.wait()} before it was ready")
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if msg.get("event") == "ready":
-                return dict(msg)
-            if msg.get("event") == "error":
-                raise StartError(f"{what}: {msg.get('error')}")
-        raise StartError(f"{what} was not ready within {timeout:.0f} s")
-    finally:
-        sel.close()
-
-
-def stop_all(procs: list[subprocess.Popen[str]], grace: float = 5.0) -> None:
-    """SIGTERM every child (workers first, daemon last), then SIGKILL what is left after `grace`."""
-    for p in reversed(procs):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in reversed(procs):
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+__all__ = ["LocalCluster", "StartError", "spawn", "start_local_cluster", "stop_all", "wait_ready"]
 
 
 @dataclass
@@ -98,6 +24,7 @@ class LocalCluster:
     workers: list[dict[str, Any]] = field(default_factory=list)  # each worker's ready report
     worker_args: list[list[str]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # the cluster token, passed to every child
+    ready: dict[str, Any] = field(default_factory=dict)  # the daemon's ready report
 
     def start_worker(self, args: list[str]) -> dict[str, Any]:
         proc = spawn("workers.main", args, self.env)
@@ -137,11 +64,13 @@ def start_local_cluster(
     config: Path | None = None,
     policies: dict[str, str] | None = None,
     log_args: list[str] | None = None,
+    fronts: int = 0,
 ) -> LocalCluster:
     """Start the daemon, then one worker per role, each waited for; on failure nothing is left running.
     Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md). `policies`: the
     runtime policies the cluster starts with (the daemon's `--policy FIELD=VALUE`). `log_args`: `--log-level`,
-    `--log-file`, `--log-format` flags for every process (they may share one file)."""
+    `--log-file`, `--log-format` flags for every process (they may share one file). `fronts`: N > 0 runs the
+    daemon as a controller and N fronts (`daemon.main --fronts N`; its ready report lists them)."""
     dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
     dargs += ["--time-scale", str(time_scale), "--profile", profile]  # the advise flip policy's model
     for name, value in (policies or {}).items():
@@ -149,6 +78,8 @@ def start_local_cluster(
     if config is not None:
         dargs += ["--config", str(config)]
     dargs += log_args or []
+    if fronts:
+        dargs += ["--fronts", str(fronts)]
     # one random cluster token per cluster: every gRPC call between its processes carries it, so no
     # other local process can drive its workers (the environment, not argv: `ps` shows argv)
     token = secrets.token_urlsafe(24)
@@ -156,7 +87,7 @@ def start_local_cluster(
     procs = [spawn("daemon.main", dargs, env)]
     try:
         ready = wait_ready(procs[0], "daemon")
-        cluster = LocalCluster(ready["url"], ready["grpc"], procs, env=env)
+        cluster = LocalCluster(ready["url"], ready["grpc"], procs, env=env, ready=ready)
         for role in roles:
             wargs = ["--role", role, "--daemon", ready["grpc"], "--profile", profile, "--time-scale", str(time_scale)]
             if config is not None:

@@ -24,6 +24,7 @@ from ..db.store import REQUEST_COLUMNS
 from ..flips import FlipError
 from ..gateway import Gateway, Inflight
 from .auth import identity, require_admin
+from .forward import at_front, to_controller
 from .schemas import BulkCancel, errors
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], responses=errors(401, 404, 409))
@@ -206,6 +207,8 @@ async def get_policies(request: Request) -> dict[str, Any]:
 async def set_policies(request: Request, changes: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
     """Change any of the runtime policies; validated as a whole (a bad field is a 400 naming it),
     applied without restart (pushed to the workers with the next load broadcast), audited."""
+    if at_front(request):
+        return await to_controller(request, changes)
     cluster = _gw(request).cluster
     old = cluster.policies
     try:
@@ -240,6 +243,8 @@ async def policy_history(request: Request) -> dict[str, Any]:
 async def flip(
     instance_id: str, request: Request, body: Annotated[dict[str, Any] | None, Body()] = None
 ) -> dict[str, Any]:
+    if at_front(request):
+        return await to_controller(request, body)
     body = body or {}
     to = body.get("to")
     if to is not None and not isinstance(to, str):

@@ -71,10 +71,13 @@ class RequestRow(Base):
     # request migration: times it moved off an instance that died mid-request, and those instances
     migrations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     migrated_from: Mapped[str | None] = mapped_column(String(256), nullable=True)  # comma-separated ids
+    # the front process that serves it (its incarnation, e.g. "front-0.4242"); None: a daemon with no fronts
+    front: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (
         Index("ix_requests_status_phase", "status", "phase"),
         Index("ix_requests_arrival", "arrival_ts"),
+        Index("ix_requests_status_front", "status", "front"),
     )
 
 

@@ -248,11 +248,24 @@ class Store:
         One `UPDATE … WHERE status='running'`: finished, failed, cancelled … rows are untouched, and a
         second call changes nothing (returns 0).
         """
-        stmt = (
-            update(REQUESTS)
-            .where(REQUESTS.c.status == Status.RUNNING.value)
-            .values(status=Status.INTERRUPTED.value, finished_ts=now, error=INTERRUPTED_ERROR)
-        )
+        return self._interrupt(REQUESTS.c.status == Status.RUNNING.value, now, INTERRUPTED_ERROR)
+
+    def interrupt_front(self, front: str, now: float) -> int:
+        """A front died (its stream to the controller ended and it did not come back): its `running`
+        rows become `interrupted` (`error="front … died while in flight"`). Returns how many changed."""
+        where = (REQUESTS.c.status == Status.RUNNING.value) & (REQUESTS.c.front == front)
+        return self._interrupt(where, now, f"front {front} died while in flight")
+
+    def interrupt_orphans(self, live_fronts: Iterable[str], now: float) -> int:
+        """At a controller's start, once its fronts had time to reconnect: `running` rows of any other
+        front (or of none: a daemon that ran without fronts) become `interrupted`."""
+        live = list(live_fronts)
+        owner = REQUESTS.c.front.is_(None) | REQUESTS.c.front.not_in(live) if live else None
+        where = REQUESTS.c.status == Status.RUNNING.value
+        return self._interrupt(where if owner is None else where & owner, now, INTERRUPTED_ERROR)
+
+    def _interrupt(self, where: Any, now: float, error: str) -> int:
+        stmt = update(REQUESTS).where(where).values(status=Status.INTERRUPTED.value, finished_ts=now, error=error)
         with self.engine.begin() as conn:
             return int(conn.execute(stmt).rowcount)
 
@@ -548,6 +561,13 @@ class Store:
             key = conn.execute(stmt).inserted_primary_key
         assert key is not None
         return int(key[0])
+
+    def latest_policies(self) -> dict[str, Any]:
+        """Each audited policy field's latest value (decoded JSON): the policies last in force, as the
+        audit trail ends in the cluster's state (every change, and a start's own, is recorded)."""
+        stmt = select(POLICY_CHANGES.c.field, POLICY_CHANGES.c.new_value).order_by(POLICY_CHANGES.c.id)
+        with self.engine.connect() as conn:
+            return {field: json.loads(value) for field, value in conn.execute(stmt)}
 
     def list_policy_changes(self) -> list[dict[str, Any]]:
         """The policy audit trail, oldest first."""

@@ -106,6 +106,10 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.ping_timeout_ms", 5000),  # newer gRPC cores wait this long (default 60 s) for the ping's ack
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # a peer that restarts (a controller, a worker) is reached again within about 2 s, not gRPC's
+    # default backoff that grows to 2 minutes
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),  # a port in use is an error, never a second listener on it

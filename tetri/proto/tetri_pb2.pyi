@@ -304,3 +304,37 @@ class DecodeLoadBroadcast(_message.Message):
     policies_json: str
     policy_version: int
     def __init__(self, instances: _Optional[_Iterable[_Union[DecodeInstanceLoad, _Mapping]]] = ..., timestamp: _Optional[float] = ..., policies_json: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("front_id",)
+    FRONT_ID_FIELD_NUMBER: _ClassVar[int]
+    front_id: str
+    def __init__(self, front_id: _Optional[str] = ...) -> None: ...
+
+class InstanceView(_message.Message):
+    __slots__ = ("registration", "state", "load")
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    registration: RegisterRequest
+    state: str
+    load: LoadReport
+    def __init__(self, registration: _Optional[_Union[RegisterRequest, _Mapping]] = ..., state: _Optional[str] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
+
+class ClusterView(_message.Message):
+    __slots__ = ("instances", "policies_json", "policy_version", "clock_now", "time_scale", "admin_url", "settled")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    POLICIES_JSON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_NOW_FIELD_NUMBER: _ClassVar[int]
+    TIME_SCALE_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_URL_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceView]
+    policies_json: str
+    policy_version: int
+    clock_now: float
+    time_scale: float
+    admin_url: str
+    settled: bool
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceView, _Mapping]]] = ..., policies_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., clock_now: _Optional[float] = ..., time_scale: _Optional[float] = ..., admin_url: _Optional[str] = ..., settled: _Optional[bool] = ...) -> None: ...

@@ -294,6 +294,11 @@ class ControlPlaneStub:
                 request_serializer=tetri__pb2.LoadReport.SerializeToString,
                 response_deserializer=tetri__pb2.DecodeLoadBroadcast.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/tetri.v1.ControlPlane/Watch',
+                request_serializer=tetri__pb2.WatchRequest.SerializeToString,
+                response_deserializer=tetri__pb2.ClusterView.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -312,6 +317,14 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """A front's subscription: the whole view at once, then again whenever it changed (at most every half
+        report interval). The stream's end tells the controller the front is gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -324,6 +337,11 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.ReportLoad,
                     request_deserializer=tetri__pb2.LoadReport.FromString,
                     response_serializer=tetri__pb2.DecodeLoadBroadcast.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=tetri__pb2.WatchRequest.FromString,
+                    response_serializer=tetri__pb2.ClusterView.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -380,6 +398,33 @@ class ControlPlane:
             '/tetri.v1.ControlPlane/ReportLoad',
             tetri__pb2.LoadReport.SerializeToString,
             tetri__pb2.DecodeLoadBroadcast.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tetri.v1.ControlPlane/Watch',
+            tetri__pb2.WatchRequest.SerializeToString,
+            tetri__pb2.ClusterView.FromString,
             options,
             channel_credentials,
             insecure,
