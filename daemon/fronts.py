@@ -74,7 +74,8 @@ class FrontWatch:
         """At a controller's start: after the grace (its fronts reconnect meanwhile), the running rows of
         every front not connected become `interrupted`."""
         await asyncio.sleep(self.grace_s)
-        n = await asyncio.to_thread(self.store.interrupt_orphans, list(self.streams), self.clock.now())
+        seen = [*self.streams, *self._lost]  # a front in its grace is left to its own timer
+        n = await asyncio.to_thread(self.store.interrupt_orphans, seen, self.clock.now())
         if n:
             log.warning("%d request(s) of fronts that did not reconnect marked interrupted", n)
 

@@ -265,6 +265,19 @@ class Gateway:
         await asyncio.gather(*(self._stop(fl, timeout=5) for fl in flights))
         return sorted(fl.id for fl in flights)
 
+    async def cancel_on_workers(self, rid: str) -> bool:
+        """Abort a request another front serves: every registered instance is asked to (the front serving
+        it sees its stream end as cancelled). Whether one had it."""
+
+        async def one(address: str) -> bool:
+            try:
+                return await self.workers.cancel(address, rid, timeout=5)
+            except WorkerCallError:
+                return False
+
+        found = await asyncio.gather(*(one(i.address) for i in list(self.cluster.instances.values())))
+        return any(found)
+
     async def _stop(self, fl: Inflight, timeout: float) -> None:
         """Tell the instance serving a request to stop it (its stream then ends as cancelled)."""
         if fl.serving is not None:

@@ -123,7 +123,15 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
         self.on_report = on_report  # seconds taken by one report and its broadcast (tetri_report_seconds)
         self.on_front = on_front  # a front's view stream began (True) or ended (False)
         self.admin_url = ""  # the controller's HTTP API, told to fronts in their view
+        self._view_pb: tuple[int, pb.ClusterView] | None = None
         self._converted: dict[int, tuple[DecodeBroadcast, pb.DecodeLoadBroadcast]] = {}
+
+    def _view(self, changes: int) -> pb.ClusterView:
+        """The view as of `changes`, converted once for every front that asks."""
+        if self._view_pb is None or self._view_pb[0] != changes:
+            view = dataclasses.replace(self.cluster.view(), admin_url=self.admin_url)
+            self._view_pb = (changes, view_to_pb(view))
+        return self._view_pb[1]
 
     async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ClusterView]:
         front = request.front_id
@@ -134,7 +142,7 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
             while True:
                 if self.cluster.changes != sent:
                     sent = self.cluster.changes
-                    yield view_to_pb(dataclasses.replace(self.cluster.view(), admin_url=self.admin_url))
+                    yield self._view(sent)
                 await asyncio.sleep(self.cluster.report_interval_s / 2)
         finally:
             if self.on_front is not None:

@@ -199,7 +199,10 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated", role: Rol
         ready["time_scale"] = settings.time_scale
     ready |= {"recovered_interrupted": app.state.recovered, "event_loop": eventloop.running()}
     print(json.dumps(ready), flush=True)
-    log.info("%s serving on %s", role.name, ", ".join(urls))
+    if front:
+        log.info("serving on %s and %s (a front of the controller at %s)", urls[0], urls[1], role.controller)
+    else:
+        log.info("serving on %s (gRPC %s; %s)", urls[0], ready["grpc"], role.name)
     await task  # (uvicorn re-raises a captured SIGTERM after this: the lifespan logs the stop)
     return 0
 

@@ -177,7 +177,15 @@ async def cancel_many(request: Request, body: Annotated[BulkCancel, Body()]) -> 
     """Cancel every in-flight request whose id starts with `prefix` (`{}`: all of them) at once; the ids
     cancelled. A body is required, so that an empty POST cancels nothing. Finished requests are not
     touched: only what runs can be cancelled."""
-    ids = await _gw(request).cancel_many(body.prefix)
+    gw = _gw(request)
+    ids = await gw.cancel_many(body.prefix)
+    if gw.front is not None or request.app.state.role == "controller":  # and those other fronts serve
+        rows, _ = await asyncio.to_thread(
+            request.app.state.store.list_requests, None, Status.RUNNING.value, 1000, 0, body.prefix or None
+        )
+        others = [r["id"] for r in rows if r["front"] != gw.front and r["id"] not in ids]
+        found = await asyncio.gather(*(gw.cancel_on_workers(rid) for rid in others))
+        ids = sorted(ids + [rid for rid, ok in zip(others, found, strict=True) if ok])
     return {"cancelled": ids, "count": len(ids)}
 
 
@@ -189,6 +197,9 @@ async def cancel(request_id: str, request: Request) -> dict[str, Any]:
     row = await asyncio.to_thread(request.app.state.store.get_request, request_id)
     if row is None:
         raise HTTPException(404, detail=f"no request {request_id!r}")
+    elsewhere = row["status"] == Status.RUNNING and row["front"] != gw.front
+    if elsewhere and await gw.cancel_on_workers(request_id):  # another front serves it
+        return {"id": request_id, "cancelled": True}
     raise HTTPException(409, detail=f"request {request_id!r} is not in flight (status {row['status']})")
 
 
