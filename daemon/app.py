@@ -88,17 +88,7 @@ def create_app(
         )
         await _start_policies(settings, cluster, store)
         predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
-        gateway = Gateway(
-            cluster,
-            writer,
-            metrics,
-            predictor,
-            workers=WorkerClient(settings.grpc_token(), tls),
-            max_migrations=settings.max_migrations,
-            migration_wait_s=settings.migration_wait_s,
-            entry_wait_s=settings.entry_wait_s,
-            store_prompt_samples=settings.store_prompt_samples,
-        )
+        gateway = _gateway(settings, cluster, writer, metrics, predictor, tls)
         metrics.watch_predictor(predictor)
 
         def on_register(inst: Instance) -> None:
@@ -166,18 +156,7 @@ def create_app(
 
         await apply(view)
         predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
-        gateway = Gateway(
-            cluster,
-            writer,
-            metrics,
-            predictor,
-            workers=WorkerClient(settings.grpc_token(), tls),
-            max_migrations=settings.max_migrations,
-            migration_wait_s=settings.migration_wait_s,
-            entry_wait_s=settings.entry_wait_s,
-            store_prompt_samples=settings.store_prompt_samples,
-            front=link.front_id,
-        )
+        gateway = _gateway(settings, cluster, writer, metrics, predictor, tls, link.front_id)
         metrics.watch_predictor(predictor)
         app.state.served, app.state.front = served, link
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
@@ -276,6 +255,29 @@ def create_app(
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     return app
+
+
+def _gateway(
+    settings: DaemonSettings,
+    cluster: Cluster,
+    writer: BatchWriter,
+    metrics: Metrics,
+    predictor: PredictorService,
+    tls: Tls,
+    front: str | None = None,
+) -> Gateway:
+    return Gateway(
+        cluster,
+        writer,
+        metrics,
+        predictor,
+        workers=WorkerClient(settings.grpc_token(), tls),
+        max_migrations=settings.max_migrations,
+        migration_wait_s=settings.migration_wait_s,
+        entry_wait_s=settings.entry_wait_s,
+        store_prompt_samples=settings.store_prompt_samples,
+        front=front,
+    )
 
 
 async def _start_policies(settings: DaemonSettings, cluster: Cluster, store: Store) -> None:

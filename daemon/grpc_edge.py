@@ -52,17 +52,11 @@ def registration_from_pb(msg: pb.RegisterRequest) -> Registration:
     )
 
 
+_REGISTRATION_FIELDS = tuple(f.name for f in dataclasses.fields(Registration))
+
+
 def registration_to_pb(r: Registration) -> pb.RegisterRequest:
-    return pb.RegisterRequest(
-        instance_id=r.instance_id,
-        role=r.role,
-        address=r.address,
-        model=r.model,
-        max_model_len=r.max_model_len,
-        kv_capacity_tokens=r.kv_capacity_tokens,
-        vocab_size=r.vocab_size,
-        tokenizer=r.tokenizer,
-    )
+    return pb.RegisterRequest(**{name: getattr(r, name) for name in _REGISTRATION_FIELDS})
 
 
 def view_to_pb(v: ClusterView) -> pb.ClusterView:

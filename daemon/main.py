@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tetri import eventloop
+from tetri.children import die_with_parent
 from tetri.config import ConfigError, DaemonSettings, check_daemon_settings, load_daemon_settings
 from tetri.gcheap import freeze_startup_heap
 from tetri.logsetup import configure_logging
@@ -332,4 +333,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()
     raise SystemExit(main())

@@ -64,7 +64,7 @@ class PgServer:
         self.proc = subprocess.Popen(
             [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port), "-h", "127.0.0.1",
              "-k", str(root), "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=self._demote(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **self._demote(),
         )  # fmt: skip
         deadline = time.monotonic() + 30
         while subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
@@ -74,19 +74,15 @@ class PgServer:
                 raise RuntimeError(f"postgres did not start: {err[-2000:]}")
             time.sleep(0.1)
 
-    def _demote(self):  # type: ignore[no-untyped-def]
+    def _demote(self) -> dict[str, int]:
+        """Popen's `user` and `group` (set in C between fork and exec: no Python code runs in the forked
+        copy of a process that may hold gRPC threads, tetri/children.py)."""
         if self.user is None:
-            return None
-        uid, gid = self.user.pw_uid, self.user.pw_gid
-
-        def drop() -> None:
-            os.setgid(gid)
-            os.setuid(uid)
-
-        return drop
+            return {}
+        return {"user": self.user.pw_uid, "group": self.user.pw_gid}
 
     def _run(self, argv: list[str]) -> None:
-        r = subprocess.run(argv, capture_output=True, text=True, preexec_fn=self._demote(), timeout=120)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, **self._demote())
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)}: {r.stderr[-2000:]}")
 

@@ -17,21 +17,35 @@ class StartError(RuntimeError):
     pass
 
 
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM when the process that started it dies, even by SIGKILL, so a
-    killed `tetrictl up` (or test run) never leaves a cluster behind."""
+PARENT_ENV = "TETRI_DIE_WITH_PARENT"  # the pid of the process a child started by `spawn` dies with
+
+
+def die_with_parent() -> None:
+    """In a child `spawn` started (its `__main__` calls this first), on Linux: SIGTERM when the parent
+    dies, even by SIGKILL, so a killed `tetrictl up` (or test run) never leaves a cluster behind. Asked for
+    here, after exec, not between fork and exec: Python code there (a preexec_fn) can run finalizers of the
+    parent's gRPC objects in the forked copy, and gRPC aborts it (a worker that exits with SIGABRT before
+    it is ready, once in a while, when the parent holds gRPC channels)."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent is None or sys.platform != "linux":
+        return
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != int(parent):  # the parent died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def spawn(
     module: str, args: list[str], env_extra: dict[str, str] | None = None, stderr: IO[str] | None = None
 ) -> subprocess.Popen[str]:
+    """`python -m module args…` with a pipe on stdout, in its own process group; it dies with this process
+    (`die_with_parent`, which the module's `__main__` calls)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
+    env[PARENT_ENV] = str(os.getpid())
     return subprocess.Popen(
         [sys.executable, "-m", module, *args],
         stdout=subprocess.PIPE,
@@ -39,7 +53,6 @@ def spawn(
         text=True,
         env=env,
         process_group=0,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
 
 

@@ -83,5 +83,8 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # as `spawn` runs it (tests, benches): `tetrictl up` dies with its parent
+    from tetri.children import die_with_parent
+
+    die_with_parent()
     main()

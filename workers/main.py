@@ -226,7 +226,10 @@ def run(settings: WorkerSettings) -> int:
 if __name__ == "__main__":
     import argparse
 
+    from tetri.children import die_with_parent
     from tetri.config import ConfigError, load_worker_settings
+
+    die_with_parent()
 
     ap = argparse.ArgumentParser(description="Run one Tetri worker.")
     for flag in ("role", "engine", "profile", "instance-id", "host", "daemon", "token", "model", "kv-connector"):

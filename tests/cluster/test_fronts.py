@@ -146,3 +146,31 @@ def test_kill_a_front_then_the_controller(tmp_path: Path):
         assert not [r for r in all_rows(db).values() if r["status"] == "running"]
     finally:
         stop_up(p)
+
+
+def test_a_killed_up_leaves_no_process_behind(tmp_path: Path):
+    """Every child dies with its parent (tetri/children.py): `tetrictl up` killed outright takes its
+    supervisor, and with it the controller and the fronts, and the workers."""
+    args = ["--fronts", "1", "--port", "0", "--grpc-port", "0", "--state-dir", str(tmp_path), "--profile", "tiny"]
+    p, doc = tetrictl_up(args)
+    pids = [doc["controller"]["pid"], *(f["pid"] for f in doc["fronts"]), *(w["pid"] for w in doc["workers"])]
+    try:
+        p.kill()
+        p.wait()
+        deadline = time.monotonic() + 20
+        while alive := [pid for pid in pids if _alive(pid)]:
+            assert time.monotonic() < deadline, alive
+            time.sleep(0.1)
+    finally:
+        stop_up(p)
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
