@@ -61,7 +61,7 @@ def main() -> None:
             rps, tps, prompt, out = per_gpu(profile, w, args.n)
             gpus = 1.0 / (rps * a + tps * b)
             t.add_row(
-                profile if k == 0 else "", w, f"{prompt:.0f}", f"{out:.0f}", f"{rps:,.1f}", f"{tps:,.0f}", f"{gpus:.1f}"
+                profile if k == 0 else "", w, f"{prompt:.0f}", f"{out:.0f}", f"{rps:,.2f}", f"{tps:,.0f}", f"{gpus:.1f}"
             )
         t.add_section()
     Console(width=140).print(t)
