@@ -137,7 +137,7 @@ def create_app(
     async def _front(app: FastAPI, settings: DaemonSettings, link: FrontLink) -> AsyncIterator[None]:
         """A front's life: the controller's first view (its clock, registry and policies), then the
         status tables (the controller migrated them), the writer and the gateway; the view followed."""
-        view = await link.first(settings.front_connect_s)
+        view = link.first_view or await link.first(settings.front_connect_s)
         clock = ClusterClock(view.time_scale, origin=view.clock_now)
         store = Store(make_engine(settings.database_url()))
         writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)

@@ -38,6 +38,7 @@ class FrontLink:
         self.connected = False
         self.views = 0  # views followed
         self.admin_url = ""  # the controller's HTTP API, as its last view said
+        self.first_view: ClusterView | None = None  # the view `first` returned
         self._call: grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.ClusterView] | None = None
 
     def _watch(self) -> grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.ClusterView]:
@@ -64,7 +65,8 @@ class FrontLink:
             if msg is grpc.aio.EOF:
                 continue
             self.connected = True
-            return self._took(view_from_pb(msg))
+            self.first_view = self._took(view_from_pb(msg))
+            return self.first_view
         raise ControllerUnreachable(f"no view from the controller at {self.controller} within {timeout_s:g} s ({why})")
 
     def _took(self, view: ClusterView) -> ClusterView:

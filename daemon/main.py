@@ -30,7 +30,7 @@ from tetri.logsetup import configure_logging
 
 from .api.front import OpenAIFront
 from .app import create_app
-from .controller_link import FrontLink
+from .controller_link import ControllerUnreachable, FrontLink
 from .db.store import ensure_sqlite_parent_dir
 from .fronts import front_incarnation
 from .gateway import Gateway
@@ -156,9 +156,17 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated", role: Rol
     scheme = "https" if settings.tls_cert_file else "http"
     urls = [f"{scheme}://{host}:{sock.getsockname()[1]}" for sock in socks]
     link = None
-    if front:
+    if front:  # a front serves once it has the controller's view: without one, one line and exit 2
         assert role.controller is not None
         link = FrontLink(role.controller, front_incarnation(role.front_name), settings.grpc_token(), tls)
+        try:
+            await link.first(settings.front_connect_s)
+        except ControllerUnreachable as e:
+            for sock in socks:
+                sock.close()
+            await link.close()
+            _error(str(e))
+            return 2
     app = create_app(settings, mode, grpc_server, role.name, link)
     app.state.url = urls[-1]
     config = uvicorn.Config(

@@ -143,3 +143,23 @@ def test_a_restarted_controller_resumes_the_policies_in_force(tmp_path: Path) ->
         assert (last["field"], last["new_value"], last["requested_by"]) == ("chunk_size", "512", "daemon config")
     finally:
         store.close()
+
+
+def test_a_front_without_its_controller_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TETRI_DAEMON_FRONT_CONNECT_S="1")
+    args = ["--role", "front", "--controller", "127.0.0.1:1", "--port", "0", "--state-dir", str(tmp_path)]
+    r = subprocess.run(
+        [sys.executable, "-m", "daemon.main", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout) == {
+        "event": "error",
+        "error": "no view from the controller at 127.0.0.1:1 within 1 s (UNAVAILABLE)",
+    }
+    r = subprocess.run([sys.executable, "-m", "daemon.main", "--fronts", "0"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == "error: --fronts must be at least 1"
