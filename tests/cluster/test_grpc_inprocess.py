@@ -142,6 +142,8 @@ class _Call:
         self._stream = stub.Serve(self._ups(), metadata=metadata)
         self._ready: list[pb.TokenChunk] = []
         self.done = False
+        (what,) = op.values()  # a packed token carries its call, not its request's id: the call knows it
+        self._rid = what.request.request_id if isinstance(what, pb.AcceptRequest) else what.request_id
 
     async def _ups(self) -> AsyncIterator[pb.ServeUps]:
         while (msg := await self._up.get()) is not None:
@@ -166,7 +168,7 @@ class _Call:
             assert all(c.call == 1 for c in down.chunks) and all(c == 1 for c in down.token_calls)
             assert sum(down.token_counts) == len(down.tokens)
             if down.tokens:  # the call's packed tokens come before its end in the same message
-                self._ready.append(pb.TokenChunk(request_id="", token_ids=down.tokens, call=1))
+                self._ready.append(pb.TokenChunk(request_id=self._rid, token_ids=down.tokens, call=1))
             self._ready.extend(down.chunks)
         chunk = self._ready.pop(0)
         if chunk.finished or chunk.HasField("handoff"):
