@@ -74,8 +74,9 @@ def create_app(
         latest = await asyncio.to_thread(store.latest_timestamp)
         clock = ClusterClock(settings.time_scale, origin=max(time.time(), latest or 0.0))
         fronts = FrontWatch(store, clock)
-        # a controller's fronts live on across its restart: their rows end only when they do not come back
-        recovered = 0 if role == "controller" else await asyncio.to_thread(store.recover_interrupted, clock.now())
+        # the rows of no front (a daemon's own) end now; fronts live on across a restart: their rows end
+        # only when they do not come back (`fronts.sweep`)
+        recovered = await asyncio.to_thread(store.recover_own, clock.now())
         writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
         await writer.start()
         cluster = Cluster(
@@ -117,17 +118,16 @@ def create_app(
             asyncio.create_task(_retention(store, clock, settings.load_retention_s)),
             asyncio.create_task(sample_loop_lag(metrics.loop_lag)),
         ]
-        if role == "controller":
-            tasks.append(asyncio.create_task(fronts.sweep()))
+        tasks.append(asyncio.create_task(fronts.sweep()))
         app.state.predictor = predictor
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
-            await fronts.close()
             await flipper.close()
-            await server.stop(grace=0.5)
+            await server.stop(grace=0.5)  # the fronts' streams end here: their timers start, and are cancelled
+            await fronts.close()
             await gateway.close()
             await writer.stop()
             store.close()
@@ -171,12 +171,12 @@ def create_app(
         finally:
             for task in tasks:
                 task.cancel()
+            await gateway.close()
+            await writer.stop()  # its last rows in before the controller sees this front gone
             await link.close()
             client = getattr(app.state, "controller_http", None)
             if client is not None:
                 await client.aclose()
-            await gateway.close()
-            await writer.stop()
             store.close()
             log.info("stopped")
 
@@ -298,6 +298,8 @@ async def _start_policies(settings: DaemonSettings, cluster: Cluster, store: Sto
     for name in (k for k in after if after[k] != before[k]):
         old, new = json.dumps(before[name]), json.dumps(after[name])
         await asyncio.to_thread(store.record_policy_change, cluster.clock.now(), name, old, new, "daemon config")
+    # versions never repeat across restarts (a worker or front applies policies when the version differs)
+    cluster.policy_version = max(cluster.policy_version, await asyncio.to_thread(store.policy_changes_count))
 
 
 def _write_behind(what: str, write: Callable[[], object], then: Callable[[], None] | None = None) -> None:

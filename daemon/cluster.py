@@ -492,7 +492,8 @@ class Cluster:
 
     def follow(self, view: ClusterView) -> list[Instance]:
         """A front takes the controller's view: instances new (or re-registered at another address) are
-        registered, each one's state, role and load become the view's, those missing from it are removed
+        registered, each one's state, role and load become the view's (one this front found failing stays
+        unhealthy until the view shows a newer report of it), those missing from it are removed
         (unless the view is not settled: a controller that just started does not know every live worker
         yet), and the policies are the view's. The front's own counts of requests routed to each instance
         stay. Returns the instances registered by this view."""
@@ -504,10 +505,12 @@ class Cluster:
             if inst is None or (inst.address, inst.model, inst.tokenizer) != (reg.address, reg.model, reg.tokenizer):
                 inst = self.register(reg)
                 new.append(inst)
+            # a call that failed here marked it unhealthy (`suspect`): so it stays until it reports again
+            state = "unhealthy" if inst.state == "unhealthy" and s.load.timestamp == inst.load.timestamp else s.state
             inst.load, inst.last_report = s.load, now
             inst.reports += 1
-            if (inst.state, inst.role) != (s.state, reg.role):
-                inst.state, inst.role = s.state, reg.role
+            if (inst.state, inst.role) != (state, reg.role):
+                inst.state, inst.role = state, reg.role
                 self.invalidate()
             self._reindex(inst)
         seen = {s.registration.instance_id for s in view.instances}

@@ -71,7 +71,11 @@ class FrontLink:
 
     def _took(self, view: ClusterView) -> ClusterView:
         self.views += 1
-        self.admin_url = view.admin_url or self.admin_url
+        if view.admin_url:  # its port, on the host this front reaches the controller at (its own view of
+            # its address may be 0.0.0.0 or loopback)
+            scheme, _, rest = view.admin_url.partition("://")
+            port = rest.rsplit(":", 1)[-1]
+            self.admin_url = f"{scheme}://{self.controller.rsplit(':', 1)[0]}:{port}"
         return view
 
     async def run(self, apply: Callable[[ClusterView], Awaitable[None]], retry_s: float = 0.2) -> None:
@@ -93,6 +97,10 @@ class FrontLink:
                         self.controller,
                         e.code().name,
                     )
+            except Exception:  # a view this front cannot take: say so, and take the next one afresh
+                log.exception("a view from the controller at %s could not be followed; reconnecting", self.controller)
+                if call is not None:
+                    call.cancel()
             self.connected, call = False, None
             await asyncio.sleep(retry_s)
 

@@ -28,9 +28,10 @@ FRONT_GRACE_S = 5.0  # a front whose view stream ended is gone unless it is back
 
 
 def front_incarnation(name: str) -> str:
-    """The id a front's rows carry: its name and this process (a restarted front is a new incarnation,
-    so ending the old one's rows never touches the new one's)."""
-    return f"{name}.{os.getpid()}"
+    """The id a front's rows carry: its name, this process and a random part (a restarted front is a new
+    incarnation, so ending the old one's rows never touches the new one's, even where pids repeat, as
+    in containers). At most 64 characters (`requests.front`)."""
+    return f"{name[:40]}.{os.getpid()}.{os.urandom(3).hex()}"
 
 
 class FrontWatch:

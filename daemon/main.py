@@ -133,6 +133,16 @@ def _bind_error(host: str, port: int, e: OSError) -> str:
 async def serve(settings: DaemonSettings, mode: str = "disaggregated", role: Role = Role()) -> int:
     tls = Tls(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file)
     front = role.name == "front"
+    link = None
+    if front:  # a front listens once it has the controller's view: without one, one line and exit 2
+        assert role.controller is not None
+        link = FrontLink(role.controller, front_incarnation(role.front_name), settings.grpc_token(), tls)
+        try:
+            await link.first(settings.front_connect_s)
+        except ControllerUnreachable as e:
+            await link.close()
+            _error(str(e))
+            return 2
     grpc_server = None
     if not front:
         try:  # bind the gRPC port first: one in use is an error before anything starts
@@ -150,23 +160,13 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated", role: Rol
             sock.close()
         if grpc_server is not None:
             await grpc_server.stop(0)
+        if link is not None:
+            await link.close()
         _error(_bind_error(settings.host, role.front_port if socks else settings.port, e))
         return 2
     host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
     scheme = "https" if settings.tls_cert_file else "http"
     urls = [f"{scheme}://{host}:{sock.getsockname()[1]}" for sock in socks]
-    link = None
-    if front:  # a front serves once it has the controller's view: without one, one line and exit 2
-        assert role.controller is not None
-        link = FrontLink(role.controller, front_incarnation(role.front_name), settings.grpc_token(), tls)
-        try:
-            await link.first(settings.front_connect_s)
-        except ControllerUnreachable as e:
-            for sock in socks:
-                sock.close()
-            await link.close()
-            _error(str(e))
-            return 2
     app = create_app(settings, mode, grpc_server, role.name, link)
     app.state.url = urls[-1]
     config = uvicorn.Config(

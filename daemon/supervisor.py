@@ -34,6 +34,10 @@ def reserve_shared_port(host: str, port: int) -> socket.socket:
     """Hold `host:port` (0: a free one) for the fronts: a socket bound with SO_REUSEPORT but not listening,
     so it takes no connection, and no process of another user can take the port between front restarts."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if port:  # free, not merely shareable: another cluster's fronts on it would take half the connections
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -145,7 +149,8 @@ class Supervisor:
                     child.start()
                 except StartError as e:
                     _say({"event": "error", "error": f"restarting {child.name}: {e}"})
-                    continue  # tried again on the next look, within the restart budget
+                    time.sleep(min(5.0, 0.5 * len(self.restarts)))  # then again, within the restart budget
+                    continue
                 _say({"event": "restarted", "kind": child.kind, "exit_code": code} | child.summary())
             time.sleep(0.1)
         return 0

@@ -176,16 +176,17 @@ def _timeline(row: dict[str, Any]) -> list[dict[str, Any]]:
 async def cancel_many(request: Request, body: Annotated[BulkCancel, Body()]) -> dict[str, Any]:
     """Cancel every in-flight request whose id starts with `prefix` (`{}`: all of them) at once; the ids
     cancelled. A body is required, so that an empty POST cancels nothing. Finished requests are not
-    touched: only what runs can be cancelled."""
+    touched: only what runs can be cancelled. Requests other fronts serve are cancelled through their
+    workers (up to 1000 a call: call again for more)."""
     gw = _gw(request)
     ids = await gw.cancel_many(body.prefix)
-    if gw.front is not None or request.app.state.role == "controller":  # and those other fronts serve
-        rows, _ = await asyncio.to_thread(
-            request.app.state.store.list_requests, None, Status.RUNNING.value, 1000, 0, body.prefix or None
-        )
-        others = [r["id"] for r in rows if r["front"] != gw.front and r["id"] not in ids]
-        found = await asyncio.gather(*(gw.cancel_on_workers(rid) for rid in others))
-        ids = sorted(ids + [rid for rid, ok in zip(others, found, strict=True) if ok])
+    # and those other fronts serve, as the status table knows them (none where no front runs)
+    rows, _ = await asyncio.to_thread(
+        request.app.state.store.list_requests, None, Status.RUNNING.value, 1000, 0, body.prefix or None
+    )
+    others = [r["id"] for r in rows if r["front"] != gw.front and r["id"] not in ids]
+    found = await asyncio.gather(*(gw.cancel_on_workers(rid) for rid in others))
+    ids = sorted(ids + [rid for rid, ok in zip(others, found, strict=True) if ok])
     return {"cancelled": ids, "count": len(ids)}
 
 

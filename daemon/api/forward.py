@@ -32,7 +32,11 @@ async def to_controller(request: Request, payload: Any) -> dict[str, Any]:
         r = await client.request(request.method, url, json=payload, headers=headers, params=request.query_params)
     except httpx.HTTPError:
         raise HTTPException(503, detail={"message": UNAVAILABLE, "param": None}, headers={"Retry-After": "1"}) from None
-    doc = r.json()
+    try:
+        doc = r.json()
+    except ValueError:
+        detail = {"message": f"the controller answered {r.status_code} without a JSON body", "param": None}
+        raise HTTPException(502, detail=detail) from None
     if r.is_success:
         return dict(doc)
     err = doc.get("error", {}) if isinstance(doc, dict) else {}

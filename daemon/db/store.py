@@ -250,6 +250,12 @@ class Store:
         """
         return self._interrupt(REQUESTS.c.status == Status.RUNNING.value, now, INTERRUPTED_ERROR)
 
+    def recover_own(self, now: float) -> int:
+        """At a daemon's start: its own `running` rows (those of no front) become `interrupted`, as
+        `recover_interrupted` does; the rows of fronts that followed it wait for `interrupt_orphans`."""
+        where = (REQUESTS.c.status == Status.RUNNING.value) & REQUESTS.c.front.is_(None)
+        return self._interrupt(where, now, INTERRUPTED_ERROR)
+
     def interrupt_front(self, front: str, now: float) -> int:
         """A front died (its stream to the controller ended and it did not come back): its `running`
         rows become `interrupted` (`error="front … died while in flight"`). Returns how many changed."""
@@ -257,12 +263,13 @@ class Store:
         return self._interrupt(where, now, f"front {front} died while in flight")
 
     def interrupt_orphans(self, live_fronts: Iterable[str], now: float) -> int:
-        """At a controller's start, once its fronts had time to reconnect: `running` rows of any other
-        front (or of none: a daemon that ran without fronts) become `interrupted`."""
+        """At a controller's (or daemon's) start, once its fronts had time to reconnect: the `running`
+        rows of every other front become `interrupted` (rows of no front: `recover_own`)."""
         live = list(live_fronts)
-        owner = REQUESTS.c.front.is_(None) | REQUESTS.c.front.not_in(live) if live else None
-        where = REQUESTS.c.status == Status.RUNNING.value
-        return self._interrupt(where if owner is None else where & owner, now, INTERRUPTED_ERROR)
+        where = (REQUESTS.c.status == Status.RUNNING.value) & REQUESTS.c.front.is_not(None)
+        if live:
+            where = where & REQUESTS.c.front.not_in(live)
+        return self._interrupt(where, now, INTERRUPTED_ERROR)
 
     def _interrupt(self, where: Any, now: float, error: str) -> int:
         stmt = update(REQUESTS).where(where).values(status=Status.INTERRUPTED.value, finished_ts=now, error=error)
@@ -568,6 +575,10 @@ class Store:
         stmt = select(POLICY_CHANGES.c.field, POLICY_CHANGES.c.new_value).order_by(POLICY_CHANGES.c.id)
         with self.engine.connect() as conn:
             return {field: json.loads(value) for field, value in conn.execute(stmt)}
+
+    def policy_changes_count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(POLICY_CHANGES)).scalar() or 0)
 
     def list_policy_changes(self) -> list[dict[str, Any]]:
         """The policy audit trail, oldest first."""

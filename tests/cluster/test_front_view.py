@@ -46,6 +46,13 @@ def test_a_front_follows_registry_states_load_and_policies() -> None:
     assert front.follow(through_the_wire(ctl)) == []
     assert front.instances["w1"].state == "draining" and front.instances["w1"].inflight == 1
     assert front.entry("m") is None  # no decode instance to hand over to
+    # a worker this front found failing stays out of its routing until the controller shows a newer report
+    front.suspect("w0")
+    front.follow(through_the_wire(ctl))
+    assert front.instances["w0"].state == "unhealthy"
+    assert ctl.report(LoadReport("w0", "prefill", "active", kv_capacity_tokens=1000, timestamp=5.0))
+    front.follow(through_the_wire(ctl))
+    assert front.instances["w0"].state == "active"
     # an instance the controller removed goes from the front too
     del ctl.instances["w1"]
     ctl.invalidate()
@@ -107,9 +114,13 @@ def test_a_starting_controller_ends_the_rows_of_fronts_that_do_not_reconnect(tmp
             store.insert_request(id="done", model="m", arrival_ts=1.0, status="finished", front="front-1.8")
             watch = FrontWatch(store, ClusterClock(), grace_s=0.1)
             watch.changed("front-0.7", True)  # reconnects within the grace
+            assert store.recover_own(2.0) == 1  # at once: the rows of no front
             await watch.sweep()
             status = {r: store.get_request(r)["status"] for r in ("old", "live", "dead", "done")}  # type: ignore[index]
             assert status == {"old": "interrupted", "live": "running", "dead": "interrupted", "done": "finished"}
+            _running(store, "new", None)  # a daemon's own request after its start: not the sweep's
+            await watch.sweep()
+            assert store.get_request("new")["status"] == "running"  # type: ignore[index]
         finally:
             store.close()
 
