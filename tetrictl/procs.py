@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import secrets
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from tetri.children import StartError, spawn, stop_all, wait_ready
 
@@ -94,7 +97,23 @@ def start_local_cluster(
                 wargs += ["--config", str(config)]
             wargs += log_args or []
             cluster.start_worker(wargs)
+        for front in ready.get("fronts", []):  # each has the workers in its view of the controller's
+            _wait_ready_http(front["url"], f"front {front['name']}")
     except BaseException:
         stop_all(procs)
         raise
     return cluster
+
+
+def _wait_ready_http(url: str, what: str, timeout: float = 30.0) -> None:
+    """Until `url`/readyz answers 200 (the process can serve a request); StartError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/readyz", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise StartError(f"{what} at {url} was not ready within {timeout:.0f} s")
+        time.sleep(0.05)

@@ -38,6 +38,8 @@ async def _stream(h: httpx.AsyncClient, url: str, started: asyncio.Event, max_to
                         started.set()
     except httpx.HTTPError:
         pass  # the front serving it was killed
+    finally:
+        started.set()  # (a stream that failed at once: the assertions on its lines say so)
     return rid, lines
 
 
@@ -82,6 +84,7 @@ def test_kill_a_front_then_the_controller(tmp_path: Path):
                 return await asyncio.gather(*t0), await asyncio.gather(*t1)
 
         killed, kept = asyncio.run(front_killed())
+        assert all(rid for rid, _ in killed + kept), [lines[:1] for rid, lines in killed + kept if not rid]
         # 20 of 20 streams on the other front complete
         assert all(lines[-1] == "[DONE]" for _, lines in kept), [lines[-2:] for _, lines in kept]
         assert all(json.loads(lines[-2])["choices"][0]["finish_reason"] == "length" for _, lines in kept)
