@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--role", default="daemon", choices=["daemon", "controller", "front"], help=argparse.SUPPRESS)
     ap.add_argument("--controller", metavar="HOST:PORT", help="A front: the controller's gRPC address.")
-    ap.add_argument("--front-name", default="front", help="A front: its name (its rows carry NAME.PID).")
+    ap.add_argument("--front-name", default="front", help="A front: its name (its rows carry NAME.PID.RANDOM).")
     ap.add_argument("--front-port", type=int, default=0, help="A front: its own HTTP port besides --port (0: any).")
     ap.add_argument("--resume-policies", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(

@@ -94,7 +94,7 @@ def daemon_start(
 @front_app.command("start")
 def front_start(
     controller: Annotated[str, typer.Option(help="The controller's gRPC address, HOST:PORT.")],
-    name: Annotated[str, typer.Option(help="The front's name (its status rows carry NAME.PID).")] = "front",
+    name: Annotated[str, typer.Option(help="The front's name (its status rows carry NAME.PID.RANDOM).")] = "front",
     host: Annotated[str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")] = None,
     port: Annotated[
         int | None, typer.Option(help="HTTP port, shared with the host's other fronts (default 8000).")
