@@ -36,7 +36,6 @@ class FrontLink:
         self.channel = open_channel(controller, tls)
         self.stub = rpc.ControlPlaneStub(self.channel)
         self.connected = False
-        self.views = 0  # views followed
         self.admin_url = ""  # the controller's HTTP API, as its last view said
         self.first_view: ClusterView | None = None  # the view `first` returned
         self._call: grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.ClusterView] | None = None
@@ -70,7 +69,6 @@ class FrontLink:
         raise ControllerUnreachable(f"no view from the controller at {self.controller} within {timeout_s:g} s ({why})")
 
     def _took(self, view: ClusterView) -> ClusterView:
-        self.views += 1
         if view.admin_url:  # its port, on the host this front reaches the controller at (its own view of
             # its address may be 0.0.0.0 or loopback)
             scheme, _, rest = view.admin_url.partition("://")

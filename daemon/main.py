@@ -230,7 +230,7 @@ def _policy_args(args: list[str]) -> dict[str, Any]:
     return out
 
 
-_OWN_FLAGS = {"--fronts": 1, "--port": 1, "--grpc-port": 1, "--role": 1}  # the supervisor sets these per child
+_OWN_FLAGS = {"--fronts", "--port", "--grpc-port", "--role"}  # the supervisor sets these per child (one value each)
 
 
 def _passed_on(argv: list[str] | None) -> list[str]:
@@ -241,7 +241,7 @@ def _passed_on(argv: list[str] | None) -> list[str]:
         flag = arg.split("=", 1)[0]
         if flag in _OWN_FLAGS:
             if "=" not in arg:
-                del args[: _OWN_FLAGS[flag]]
+                del args[:1]
             continue
         out.append(arg)
     return out
