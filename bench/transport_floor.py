@@ -1,13 +1,17 @@
 """The transports' own CPU floor, without Tetri's logic: what the daemon's HTTP edge and its gRPC calls to
 workers cost at the least, per request and per token, on this machine.
 
-    python bench/transport_floor.py [--requests 600] [--concurrency 16]
+    python bench/transport_floor.py [--requests 600] [--concurrency 16] [--step-ms 0] [--only-http]
 
 HTTP: a server process answering POST /v1/completions with one SSE event per token (a fixed OpenAI-shaped
-chunk), measured at the server, three ways:
+chunk), measured at the server, four ways:
   * fastapi-streaming — a FastAPI endpoint with a pydantic body and Starlette's StreamingResponse;
   * fastapi-eventstream — the same endpoint answering with the daemon's `EventStream` (daemon/api/sse.py);
-  * raw-asgi — a bare ASGI app under uvicorn (the floor under any framework).
+  * raw-asgi — a bare ASGI app under uvicorn (the floor under any framework);
+  * raw-socket — no HTTP server library: an asyncio Protocol on uvloop parsing the request itself and
+    writing the chunked response (the floor under any Python HTTP server: one socket write per event).
+`--step-ms S` sends each stream's events S ms apart, every stream on one step timer, as tokens arriving
+one engine step apart are relayed; by default they go back to back, and the kernel coalesces them.
 gRPC: a worker-like server sending `--tokens` TokenChunks per request, and this process as the client:
   * call-per-request — a unary-stream call per request, a message per token (Tetri before the Serve stream);
   * multiplexed — every request a call on one bidirectional stream, a ServeUp to start it (those queued
@@ -41,7 +45,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 SHORT, LONG = 8, 128
 
 HTTP_SERVER = r"""
-import json, sys
+import asyncio, json, sys
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, TypeAdapter
@@ -60,10 +64,99 @@ def chunk(i: int) -> bytes:
            "choices": [{"index": 0, "text": "ab", "finish_reason": None, "token_ids": [i]}]}
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
+step_s = float(sys.argv[3]) / 1000
+tick = None  # with --step-ms: a future every stream's next event waits for, done once a step
+
+
+async def ticker():
+    global tick
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(step_s)
+        done, tick = tick, loop.create_future()
+        done.set_result(None)
+
+
 async def events(n: int):
+    global tick
     for i in range(n):
+        if step_s:
+            if tick is None:
+                tick = asyncio.get_running_loop().create_future()
+                asyncio.ensure_future(ticker())
+            await asyncio.shield(tick)
         yield chunk(i)
     yield b"data: [DONE]\n\n"
+
+if kind == "raw-socket":
+    # no server framework: an asyncio Protocol reading the request (headers, a Content-Length body) and
+    # writing a chunked SSE response itself; with --step-ms one timer a step writes every open stream's
+    # next event (one socket write per stream per step, as a relay does) — the floor under any Python
+    # HTTP server
+    streams = {}  # transport -> [tokens left, next token]
+    OK = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+    def write_step():
+        for tr, st in list(streams.items()):
+            c = chunk(st[1])
+            st[1] += 1
+            st[0] -= 1
+            if st[0] <= 0:
+                del streams[tr]
+                done = b"data: [DONE]\n\n"
+                tr.write(b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(c), c, len(done), done))
+            else:
+                tr.write(b"%x\r\n%s\r\n" % (len(c), c))
+
+    async def steps():
+        while True:
+            write_step()
+            await asyncio.sleep(step_s)
+
+    class Http(asyncio.Protocol):
+        def connection_made(self, tr):
+            self.tr, self.buf = tr, b""
+
+        def data_received(self, data):
+            self.buf += data
+            while True:
+                head, sep, rest = self.buf.partition(b"\r\n\r\n")
+                if not sep:
+                    return
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if len(rest) < length:
+                    return
+                self.buf = rest[length:]
+                if not head.startswith(b"POST"):
+                    self.tr.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    continue
+                b = Body.model_validate_json(rest[:length])
+                self.tr.write(OK)
+                streams[self.tr] = [b.max_tokens, 0]
+
+        def connection_lost(self, exc):
+            streams.pop(self.tr, None)
+
+    async def serve():
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Http, "127.0.0.1", port)
+        if step_s:
+            asyncio.ensure_future(steps())
+        else:  # back to back: write until no stream is open, then wait for one
+            async def spin():
+                while True:
+                    write_step()
+                    await asyncio.sleep(0 if streams else 0.001)
+            asyncio.ensure_future(spin())
+        await server.serve_forever()
+
+    import uvloop
+    uvloop.run(serve())
+    sys.exit(0)
 
 if kind == "raw-asgi":
     body_of = TypeAdapter(Body)
@@ -92,7 +185,12 @@ else:
     async def completions(body: Body):
         if kind == "fastapi-streaming":
             return StreamingResponse(events(body.max_tokens), media_type="text/event-stream")
-        return EventStream(events(body.max_tokens))
+        async def write(send) -> bytes:
+            async for c in events(body.max_tokens):
+                await send({"type": "http.response.body", "body": c, "more_body": True})
+            return b""
+
+        return EventStream(write)
 
 import uvicorn
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
@@ -263,16 +361,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=600, help="requests per batch")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="HTTP servers send a stream's events this far apart, all streams on one step timer, as a "
+        "relay does when tokens arrive one engine step apart (0: back to back, as fast as the client reads)",
+    )
+    ap.add_argument("--only-http", action="store_true", help="skip the gRPC rows")
     args = ap.parse_args()
     n, conc = args.requests, args.concurrency
     t = Table(
-        title=f"Transport floor: {n} requests × {SHORT} and × {LONG} tokens, {conc} at a time", title_justify="left"
+        title=f"Transport floor: {n} requests × {SHORT} and × {LONG} tokens, {conc} at a time, "
+        + (f"events {args.step_ms:g} ms apart" if args.step_ms else "events back to back"),
+        title_justify="left",
     )
     for col in ("transport", "variant", "server µs / req", "server µs / token", "client µs / req", "client µs / token"):
         t.add_column(col, justify="left" if col in ("transport", "variant") else "right")
-    for kind in ("fastapi-streaming", "fastapi-eventstream", "raw-asgi"):
+    for kind in ("fastapi-streaming", "fastapi-eventstream", "raw-asgi", "raw-socket"):
         port = free_port()
-        proc = start(HTTP_SERVER, kind, str(port))
+        proc = start(HTTP_SERVER, kind, str(port), str(args.step_ms))
         try:
             url = f"http://127.0.0.1:{port}"
             for _ in range(100):
@@ -288,6 +396,9 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait()
+    if args.only_http:
+        Console(width=140).print(t)
+        return
     t.add_section()
     port = free_port()
     proc = start(GRPC_SERVER, str(port))
