@@ -2,7 +2,7 @@
 
     python bench/control_plane_cost.py [--requests 300] [--short 8] [--long 128] [--concurrency 48]
         [--prompt 64] [--modes colocated,disaggregated] [--event-loops uvloop]
-        [--profile llama3-8b-h100] [--time-scale 1]
+        [--profile llama3-8b-h100] [--time-scale 1] [--fronts 0] [--pin-fronts] [--stream-intervals 1]
 
 For each mode a daemon and sim workers start on loopback (`tetrictl.procs.start_local_cluster`):
 colocated = one colocated worker, disaggregated = one prefill + one decode worker. By default the sim
@@ -140,13 +140,19 @@ def pin(pids: list[int], cores: list[int]) -> None:
 
 
 def run_mode(
-    mode: str, loop: str, fronts: int, args: argparse.Namespace
+    mode: str, loop: str, fronts: int, interval: int, args: argparse.Namespace
 ) -> tuple[dict[str, list[int]], dict[str, float], Batch, Batch]:
     roles = ["colocated"] if mode == "colocated" else ["prefill", "decode"]
     state = Path(tempfile.mkdtemp(prefix=f"tetri-cpcost-{mode}-"))
     os.environ[eventloop.ENV] = loop  # the daemon and workers inherit it
     cluster = start_local_cluster(
-        roles, state_dir=state, profile=args.profile, time_scale=args.time_scale, mode=mode, fronts=fronts
+        roles,
+        state_dir=state,
+        profile=args.profile,
+        time_scale=args.time_scale,
+        mode=mode,
+        fronts=fronts,
+        stream_interval=interval,
     )
     try:
         pids = control_plane_pids(cluster) | {w["role"]: [int(w["pid"])] for w in cluster.workers}
@@ -162,6 +168,11 @@ def run_mode(
         return pids, idle, short, long
     finally:
         cluster.stop(drain_s=10)
+
+
+def _setup(loop: str, fronts: int, interval: int) -> str:
+    parts = [loop] + ([f"{fronts} front{'s' * (fronts != 1)}"] if fronts else [])
+    return ", ".join(parts + ([f"interval {interval}"] if interval > 1 else []))
 
 
 def main() -> None:
@@ -183,6 +194,11 @@ def main() -> None:
         help="comma-separated: 0 runs one daemon process, N a controller and N fronts (each mode with each)",
     )
     ap.add_argument("--pin-fronts", action="store_true", help="pin each front to its own core (round robin)")
+    ap.add_argument(
+        "--stream-intervals",
+        default="1",
+        help="comma-separated: the daemon's --stream-interval, an SSE event per N tokens (each mode with each)",
+    )
     args = ap.parse_args()
     t = Table(
         title=f"Control-plane CPU, sim engine at time scale {args.time_scale:g}: {args.requests} requests × "
@@ -206,9 +222,12 @@ def main() -> None:
     if bad or not loops:
         ap.error(f"--event-loops: {', '.join(bad) or 'none given'}: expected {', '.join(eventloop.CHOICES)}")
     fronts = [int(x) for x in args.fronts.split(",") if x.strip()]
-    runs = [(m, lp, f) for m in args.modes.split(",") if m for lp in loops for f in fronts]
-    for mode, loop, nf in runs:
-        pids, idle, short, long = run_mode(mode, loop, nf, args)
+    intervals = [int(x) for x in args.stream_intervals.split(",") if x.strip()]
+    if not intervals or min(intervals) < 1:
+        ap.error("--stream-intervals: each at least 1")
+    runs = [(m, lp, f, i) for m in args.modes.split(",") if m for lp in loops for f in fronts for i in intervals]
+    for mode, loop, nf, interval in runs:
+        pids, idle, short, long = run_mode(mode, loop, nf, interval, args)
         plane = [k for k in pids if k in CONTROL_PLANE]
         workers = [k for k in pids if k not in CONTROL_PLANE]
         groups = [[k] for k in pids] + [plane, workers, list(pids)]
@@ -223,7 +242,7 @@ def main() -> None:
             name = f"{label} ×{len(pids[label])}" if label in pids and len(pids[label]) > 1 else label
             row = [
                 mode if first else "",
-                (f"{loop}, {nf} front{'s' * (nf != 1)}" if nf else loop) if first else "",
+                _setup(loop, nf, interval) if first else "",
                 f"[b]{name}[/b]" if total else name,
                 f"{a * 1e6:,.0f}",
                 f"{b * 1e6:,.1f}",

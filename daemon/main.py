@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db-url")
     ap.add_argument("--token")
     ap.add_argument("--time-scale", type=float, help="The cluster clock: model seconds per wall second.")
+    ap.add_argument(
+        "--stream-interval", type=int, help="Streamed answers: an SSE event per N tokens (default 1: every step)."
+    )
     ap.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
     ap.add_argument(
         "--fronts",
@@ -300,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             db_url=a.db_url,
             token=a.token,
             time_scale=a.time_scale,
+            stream_interval=a.stream_interval,
             profile=a.profile,
             profiles_file=a.profiles_file,
             slo=a.slo,

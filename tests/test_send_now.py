@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 
 from daemon.api.openai import _Frames, _Job, _Stream
@@ -82,5 +83,49 @@ def test_frames_behind_a_waiting_send_follow_it_in_order() -> None:
             text.index(w) for w in (b'"one"', b'"two"', b'"three"', b'"four"')
         )
         assert out.count == 4 and len(sock.written) == 3  # one, two, then three and four together
+
+    asyncio.run(main())
+
+
+def test_a_stream_interval_frames_the_first_token_at_once_then_every_n() -> None:
+    """As vLLM's --stream-interval: the first token's frame at once, then one per N tokens carrying them
+    all; what is held at the end comes out with the response's end (`take`), the text unchanged."""
+
+    async def main() -> None:
+        async def serve(**_: Any) -> Any:
+            raise AssertionError
+
+        sock = Socket()
+        out = _Stream(_Frames(_Job("r", "m", 1, 0, serve, False, True), chat=False), sock.send, interval=4)
+        for i in range(10):  # an engine step each
+            out.tokens([i], f"t{i} ")
+        await out.flush()
+        tail = out.take()
+        frames = [orjson.loads(f.removeprefix(b"data: ")) for f in sock.written]
+        assert [f["choices"][0]["token_ids"] for f in frames] == [[0], [1, 2, 3, 4], [5, 6, 7, 8]]
+        assert orjson.loads(tail.removeprefix(b"data: "))["choices"][0]["token_ids"] == [9]
+        text = "".join(f["choices"][0]["text"] for f in frames) + orjson.loads(tail[6:])["choices"][0]["text"]
+        assert text == "".join(f"t{i} " for i in range(10)) and out.count == 10 and out.take() == b""
+
+    asyncio.run(main())
+
+
+def test_a_stream_interval_waits_for_text_before_its_first_frame() -> None:
+    """Tokens with no text yet (a character's first bytes) are not a first frame: the first text is."""
+
+    async def main() -> None:
+        async def serve(**_: Any) -> Any:
+            raise AssertionError
+
+        sock = Socket()
+        out = _Stream(_Frames(_Job("r", "m", 1, 0, serve, False, False), chat=False), sock.send, interval=3)
+        out.tokens([1], "")
+        assert sock.written == []
+        out.tokens([2], "é")  # the first text: at once, with the token before it
+        out.tokens([3], "a")
+        out.tokens([4], "b")
+        assert [orjson.loads(f[6:])["choices"][0]["text"] for f in sock.written] == ["é"]
+        out.tokens([5], "c")  # three tokens since the last frame
+        assert [orjson.loads(f[6:])["choices"][0]["text"] for f in sock.written] == ["é", "abc"]
 
     asyncio.run(main())

@@ -90,6 +90,12 @@ class DaemonSettings(BaseSettings):
     dead_after_s: float = Field(
         10.0, gt=0, description="An instance silent this long (wall seconds) is removed from the registry."
     )
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        description="Streamed answers: an SSE event per N tokens (the first token's at once, what is left with the "
+        "end), as vLLM's --stream-interval: fewer socket writes per token, the same text; 1: every engine step.",
+    )
     front_connect_s: float = Field(
         30.0, gt=0, description="A front: how long it waits for the controller's first view before giving up."
     )

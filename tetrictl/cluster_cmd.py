@@ -34,6 +34,13 @@ def _exec(module: str, args: list[str]) -> None:
 
 LogLevelOpt = Annotated[str | None, typer.Option(help="Log level: debug, info, warning (default) or error.")]
 LogFileOpt = Annotated[Path | None, typer.Option(help="Append the log to this file (default: stderr).")]
+StreamIntervalOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Streamed answers: an SSE event per N tokens, the first at once (as vLLM's --stream-interval; "
+        "default 1: every engine step). Fewer socket writes per token, the same text."
+    ),
+]
 LogFormatOpt = Annotated[str | None, typer.Option(help="Log format: text (default) or json, one object a line.")]
 
 
@@ -63,6 +70,7 @@ def daemon_start(
             "(docs/cluster.md, 'Fronts and a controller')."
         ),
     ] = None,
+    stream_interval: StreamIntervalOpt = None,
     config: ConfigOpt = None,
     log_level: LogLevelOpt = None,
     log_file: LogFileOpt = None,
@@ -85,6 +93,7 @@ def daemon_start(
         ("--db-url", db_url),
         ("--token", token),
         ("--time-scale", time_scale),
+        ("--stream-interval", stream_interval),
         ("--config", config),
     ):
         _opt(args, flag, v)
@@ -105,6 +114,7 @@ def front_start(
         str | None, typer.Option(help="The controller's database (PostgreSQL for fronts on several hosts).")
     ] = None,
     token: Annotated[str | None, typer.Option(help="Bearer token (required off loopback).")] = None,
+    stream_interval: StreamIntervalOpt = None,
     config: ConfigOpt = None,
     log_level: LogLevelOpt = None,
     log_file: LogFileOpt = None,
@@ -122,6 +132,7 @@ def front_start(
         ("--state-dir", state_dir),
         ("--db-url", db_url),
         ("--token", token),
+        ("--stream-interval", stream_interval),
         ("--config", config),
     ):
         _opt(args, flag, v)
@@ -240,6 +251,7 @@ def up(
             "when it dies (docs/cluster.md, 'Fronts and a controller')."
         ),
     ] = 0,
+    stream_interval: StreamIntervalOpt = None,
     state_dir: Annotated[Path, typer.Option(help="Directory of the SQLite status tables.")] = Path("state"),
     config: ConfigOpt = None,
     log_level: LogLevelOpt = None,
@@ -269,6 +281,8 @@ def up(
             fail(f"--{role} must be at least 1")
     if fronts < 0:
         fail("--fronts must be 0 (one daemon process) or more")
+    if stream_interval is not None and stream_interval < 1:
+        fail(f"--stream-interval must be at least 1, not {stream_interval}")
     stopping = {"flag": False}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -290,6 +304,7 @@ def up(
             policies={"colocated_schedule": baseline} if baseline else None,
             log_args=log_args,
             fronts=fronts,
+            stream_interval=stream_interval,
         )
     except StartError as e:
         fail(str(e), exitcodes.REFUSED)

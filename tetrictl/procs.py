@@ -68,12 +68,14 @@ def start_local_cluster(
     policies: dict[str, str] | None = None,
     log_args: list[str] | None = None,
     fronts: int = 0,
+    stream_interval: int | None = None,
 ) -> LocalCluster:
     """Start the daemon, then one worker per role, each waited for; on failure nothing is left running.
     Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md). `policies`: the
     runtime policies the cluster starts with (the daemon's `--policy FIELD=VALUE`). `log_args`: `--log-level`,
     `--log-file`, `--log-format` flags for every process (they may share one file). `fronts`: N > 0 runs the
-    daemon as a controller and N fronts (`daemon.main --fronts N`; its ready report lists them)."""
+    daemon as a controller and N fronts (`daemon.main --fronts N`; its ready report lists them).
+    `stream_interval`: an SSE event per N tokens (the daemon's `--stream-interval`)."""
     dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
     dargs += ["--time-scale", str(time_scale), "--profile", profile]  # the advise flip policy's model
     for name, value in (policies or {}).items():
@@ -83,6 +85,8 @@ def start_local_cluster(
     dargs += log_args or []
     if fronts:
         dargs += ["--fronts", str(fronts)]
+    if stream_interval is not None:
+        dargs += ["--stream-interval", str(stream_interval)]
     # one random cluster token per cluster: every gRPC call between its processes carries it, so no
     # other local process can drive its workers (the environment, not argv: `ps` shows argv)
     token = secrets.token_urlsafe(24)
