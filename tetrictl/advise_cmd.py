@@ -52,7 +52,12 @@ def _requests(
 def describe(setup: dict[str, Any]) -> str:
     p = setup["policies"]
     if setup["mode"] == "colocated":
-        return f"colocated ×{setup['colocated']} as {setup['baseline']}"
+        if p.get("queue_order", "fcfs") == "fcfs":
+            return f"colocated ×{setup['colocated']} as {p['colocated_schedule']}"
+        return (
+            f"colocated ×{setup['colocated']} as {p['colocated_schedule']}, {p['queue_order']} order "
+            f"({p['predictor']} predictor at {p['predictor_accuracy']:.1%})"
+        )
     return (
         f"{setup['prefill']}P+{setup['decode']}D, ChunkSize {p['chunk_size']}, {p['prefill_policy']} prefill, "
         f"{p['decode_admission']} admission"
@@ -171,7 +176,16 @@ APPLIED = {
         "decode_admission",
         "reserve_point",
     ),
-    "colocated": ("colocated_schedule", "decode_admission"),
+    "colocated": (
+        "colocated_schedule",
+        "decode_admission",
+        "queue_order",
+        "aging_admissions",
+        "predictor",
+        "predictor_accuracy",
+        "predictor_granularity",
+        "reserve_point",
+    ),
 }
 
 

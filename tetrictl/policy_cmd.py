@@ -7,7 +7,7 @@ import typer
 
 from tetri.scheduling.colocated import COLOCATED_SCHEDULES
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
-from tetri.scheduling.names import ADMISSION_POLICIES, PREDICTORS, RESERVE_POINTS
+from tetri.scheduling.names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS
 from tetri.scheduling.prefill import PREFILL_POLICIES
 
 from .client import TetriClient
@@ -62,6 +62,18 @@ def set_(
             "--colocated-schedule", help=f"How colocated instances schedule: {_choices(COLOCATED_SCHEDULES)}."
         ),
     ] = None,
+    queue_order: Annotated[
+        str | None,
+        typer.Option(
+            "--queue-order",
+            help=f"The order decode and colocated instances admit waiting requests in: {_choices(QUEUE_ORDERS)} "
+            "(srpt: least predicted work first, with aging).",
+        ),
+    ] = None,
+    aging: Annotated[
+        int | None,
+        typer.Option("--aging", help="srpt: a request waiting while this many others are admitted goes first (≥ 1)."),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -80,12 +92,14 @@ def set_(
         "decode_admission": decode,
         "reserve_point": reserve_point,
         "colocated_schedule": colocated_schedule,
+        "queue_order": queue_order,
+        "aging_admissions": aging,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:
         fail(
             "nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode"
-            " --reserve-point --colocated-schedule …"
+            " --reserve-point --colocated-schedule --queue-order --aging …"
         )
 
     async def body(c: TetriClient) -> dict[str, Any]:

@@ -117,6 +117,7 @@ TETRI = ClusterConfig(mode="tetri", profile=PROFILE, instances=2, prefill_instan
         ("Mixed", PolicySet(prefill_policy="sjf", predictor="oracle", decode_admission="reserve-dynamic")),
         ("HPHD", PolicySet(predictor="oracle", decode_admission="reserve-static", reserve_point="upper")),
         ("LPLD", PolicySet(decode_admission="plan", predictor="oracle")),
+        ("Mixed", PolicySet(queue_order="srpt", predictor="oracle", predictor_accuracy=0.749, aging_admissions=8)),
     ],
 )
 def test_simulator_and_live_engines_make_the_same_iterations_disaggregated(workload: str, policy: PolicySet):
@@ -153,8 +154,10 @@ def test_simulator_and_live_engine_make_the_same_iterations_with_chunking_off_an
         PolicySet(predictor="oracle", decode_admission="reserve-dynamic"),
         PolicySet(colocated_schedule="vllm-v0"),
         PolicySet(colocated_schedule="vllm-v1"),
+        PolicySet(colocated_schedule="vllm-v1", queue_order="srpt", predictor="oracle", predictor_accuracy=0.749),
+        PolicySet(colocated_schedule="vllm-v1", queue_order="srpt", aging_admissions=4),
     ],
-    ids=["prefill-first", "prefill-first-reserve-dynamic", "vllm-v0", "vllm-v1"],
+    ids=["prefill-first", "prefill-first-reserve-dynamic", "vllm-v0", "vllm-v1", "vllm-v1-srpt", "vllm-v1-srpt-aged"],
 )
 def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: PolicySet):
     reqs = _workload("Mixed", 48, rate=6.0, seed=7)

@@ -22,6 +22,8 @@ policies = st.builds(
     reserve_point=st.sampled_from(["lower", "mid", "upper"]),
     prefill_sched_batch=st.sampled_from([1, 4, 16]),
     colocated_schedule=st.sampled_from(["prefill-first", "vllm-v0", "vllm-v1"]),
+    queue_order=st.sampled_from(["fcfs", "srpt"]),
+    aging_admissions=st.sampled_from([1, 3, 256]),
 )
 predictions = st.one_of(st.none(), st.tuples(st.integers(1, 100), st.integers(100, 300)))
 operations = st.one_of(

@@ -4,8 +4,11 @@ Every candidate runs on the simulator with the workload's own arrivals: each col
 the GPUs, and TetriInfer at every P:D split × ChunkSize × prefill order × decode admission (the rest of
 its policies are the bench's: an oracle length predictor at 74.9%, power-of-two dispatch). A setup's
 **goodput** is the workload's offered rate ((requests − 1) / arrival span) × the share of its requests within
-their SLOs; the advice is the setup with the highest goodput, the lower average JCT breaking ties, and a
-disaggregated setup only when it beats the best colocated one. Beside it: TTFT and TPOT percentiles and
+their SLOs; the advice is the setup with the highest goodput, goodputs within 1% counting as equal and the
+lower mean JCT deciding among them, and a disaggregated setup only when it beats the best colocated one
+so. Colocated vllm-v1 is also tried admitting the least predicted work first (`queue_order` srpt, lengths
+from an oracle at the paper's 74.9%); the result keeps every named baseline as vLLM runs it (FCFS, no
+predictor) under `baselines`. Beside it: TTFT and TPOT percentiles and
 the dollars per million output tokens (provisioned GPUs × the run's wall time × price).
 
 Pure: requests and a spec in, plain data out; the shell (`tetrictl advise`) reads the trace, prints,
@@ -22,10 +25,11 @@ import numpy as np
 
 from tetri.costmodel import default_chunk_size, load_profile
 from tetri.scheduling.colocated import BASELINES
+from tetri.scheduling.names import QUEUE_ORDERS
 from tetri.scheduling.policyset import PolicySet
 
 from .cluster import ClusterConfig, simulate
-from .experiments import TETRI_POLICY
+from .experiments import PAPER_ACCURACY, TETRI_POLICY
 from .metrics import summarize
 from .records import RunResult
 from .slo import DEFAULT_SLO, SloSet
@@ -35,6 +39,8 @@ Runner = Callable[[Sequence[Request], ClusterConfig], RunResult]
 Progress = Callable[[int, int], None]
 
 MODES = ("colocated", "disaggregated")
+# lengths as the paper's predictor knows them (74.9% of 200-token buckets right)
+ORACLE_74 = PolicySet(predictor="oracle", predictor_accuracy=PAPER_ACCURACY)
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class AdviceSpec:
     prefill_policies: tuple[str, ...] = ("fcfs", "sjf")
     admissions: tuple[str, ...] = ("greedy", "reserve-dynamic")
     baselines: tuple[str, ...] = BASELINES
+    queue_orders: tuple[str, ...] = QUEUE_ORDERS  # colocated vllm-v1 also tried with srpt (oracle at 74.9%)
     seed: int = 0
     modes: tuple[str, ...] = MODES  # which kinds of setup to consider (a running cluster's own: --mode)
 
@@ -80,6 +87,11 @@ class AdviceSpec:
         for b in self.baselines if "colocated" in self.modes else ():
             pol = PolicySet(colocated_schedule=b)
             out.append({"mode": "colocated", "colocated": self.gpus, "baseline": b, "policies": pol.to_dict()})
+        for order in self.queue_orders if "colocated" in self.modes and "vllm-v1" in self.baselines else ():
+            if order == "fcfs":
+                continue  # the baseline itself
+            pol = ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order=order)
+            out.append({"mode": "colocated", "colocated": self.gpus, "baseline": None, "policies": pol.to_dict()})
         for p in range(1, self.gpus) if "disaggregated" in self.modes else ():
             for chunk in self.chunk_sizes():
                 for order in self.prefill_policies:
@@ -91,7 +103,8 @@ class AdviceSpec:
         return out
 
 
-def _config(spec: AdviceSpec, setup: dict[str, Any]) -> ClusterConfig:
+def setup_config(spec: AdviceSpec, setup: dict[str, Any]) -> ClusterConfig:
+    """The simulator's cluster for one candidate setup."""
     pol = PolicySet(**setup["policies"])
     if setup["mode"] == "colocated":
         return ClusterConfig(mode="vanilla", profile=spec.profile, instances=spec.gpus, policy=pol, seed=spec.seed)
@@ -131,6 +144,23 @@ def outcome(result: RunResult, slo: SloSet, price: float, rate: float | None) ->
     }
 
 
+EVEN = 0.01  # goodputs within 1% of each other count as equal: the lower mean JCT decides
+
+
+def best(setups: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The setup with the highest goodput, goodputs within `EVEN` of the highest counting as equal and the
+    lowest mean JCT deciding among them (the earliest listed on a tie); None for none."""
+    if not setups:
+        return None
+    top = max(t["outcome"]["goodput_rps"] for t in setups)
+    near = [t for t in setups if t["outcome"]["goodput_rps"] >= top / (1 + EVEN)]
+    return min(near, key=lambda t: t["outcome"]["avg_jct_s"])
+
+
+def _kept(setup: dict[str, Any]) -> dict[str, Any]:
+    return {"policies": setup["policies"], "outcome": setup["outcome"]}
+
+
 def score(o: dict[str, Any]) -> tuple[float, float]:
     """How setups rank: goodput, then the lower mean JCT."""
     return (round(o["goodput_rps"], 9), -o["avg_jct_s"])
@@ -150,17 +180,15 @@ def advise(
     setups = spec.candidates()
     tried = []
     for k, setup in enumerate(setups):
-        tried.append(setup | {"outcome": outcome(runner(requests, _config(spec, setup)), spec.slo, spec.price, rate)})
+        result = runner(requests, setup_config(spec, setup))
+        tried.append(setup | {"outcome": outcome(result, spec.slo, spec.price, rate)})
         if progress is not None:
             progress(k + 1, len(setups))
-    coloc = [t for t in tried if t["mode"] == "colocated"]
-    colocated = max(coloc, key=lambda t: score(t["outcome"])) if coloc else None
+    coloc = [t for t in tried if t["mode"] == "colocated"]  # the baselines first, as named
+    colocated = best(coloc)
     disagg = [t for t in tried if t["mode"] == "disaggregated"]
-    best_disagg = max(disagg, key=lambda t: score(t["outcome"])) if disagg else None
-    if colocated is None or (best_disagg and score(best_disagg["outcome"]) > score(colocated["outcome"])):
-        advice = best_disagg
-    else:
-        advice = colocated
+    best_disagg = best(disagg)
+    advice = best([s for s in (colocated, best_disagg) if s is not None])  # colocated first: it wins a tie
     assert advice is not None  # AdviceSpec has at least one kind of setup, and GPUs for it
     return {
         "profile": spec.profile,
@@ -170,6 +198,7 @@ def advise(
         "requests": len(requests),
         "offered_rps": rate,
         "advice": advice,
+        "baselines": {t["baseline"]: _kept(t) for t in coloc if t["baseline"]},  # as vLLM runs them
         "best_colocated": colocated,
         "best_disaggregated": best_disagg,
         "candidates": tried,

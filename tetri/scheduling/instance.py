@@ -41,6 +41,7 @@ verifies that used KV equals the sum of what the requests here hold and never ex
 from __future__ import annotations
 
 import enum
+import heapq
 import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -144,6 +145,7 @@ class _Req:
         "req",
         "rid",
         "seq",
+        "since",
         "stop",
     )
 
@@ -159,6 +161,7 @@ class _Req:
         self.seq = seq  # arrival order here: the prefill order's tie-break
         self.heavy = False
         self.growth = 0  # this request's part of the instance's predicted growth
+        self.since = 0  # admissions here before it arrived (srpt's aging)
 
 
 def is_heavy(predicted: tuple[int, int] | None) -> bool:
@@ -213,6 +216,8 @@ class InstanceScheduler:
         self._arrivals = itertools.count(1)
         self._plan_order: list[str] = []
         self._plan_set: set[str] = set()
+        self._by_work: list[tuple[float, int, _Req]] = []  # srpt: waiting requests not started, by their work
+        self._admissions = 0  # requests taken from the waiting queue so far (srpt's aging clock)
         self._heavy = self._light = self._growth = 0
         # counters, monotonic over the scheduler's life
         self.preemptions = 0
@@ -236,6 +241,9 @@ class InstanceScheduler:
             r = _Req(req, Phase.WAITING, 0, next(self._arrivals))
         self._reqs[req.request_id] = r
         self._waiting.append(r)
+        if self.role != "prefill":  # the srpt order's queue, kept whatever the order (it is hot-swapped)
+            r.since = self._admissions
+            heapq.heappush(self._by_work, (self._work(r), r.seq, r))
         if self.role == "decode":
             r.heavy = is_heavy(req.predicted)
             if r.heavy:
@@ -279,6 +287,7 @@ class InstanceScheduler:
         elif phase is Phase.RUNNING:
             self._running.remove(r)
         self._forget(r)
+        self._prune()
         return True
 
     # --- policies ------------------------------------------------------------------------------------
@@ -654,8 +663,48 @@ class InstanceScheduler:
             return r.req.prompt_len + r.n_out  # its prefill: the prompt, plus output so far when recomputing
         return r.req.prompt_len + r.n_out - 1  # decode: the prompt and the output tokens fed so far
 
+    def _work(self, r: _Req) -> float:
+        """srpt's key: the iterations a request not started yet would take, as far as they are known — its
+        prompt's share of iterations (colocated: a prompt shares each iteration's token budget) and its
+        predicted output (the predictor's range at the reserve point). Without a prediction the output
+        counts nothing: max_tokens is a client's limit, not a length."""
+        prompt = r.req.prompt_len / self.token_budget if self.role == "colocated" else 0.0
+        return prompt + (self._remaining(r) if r.req.predicted is not None else 0)
+
+    def _started(self, r: _Req) -> bool:
+        """A preempted request: it goes first, as in vLLM (its client has part of its answer)."""
+        return r.recompute or (self.role == "colocated" and r.n_out > 0)
+
+    def _srpt(self, room: int) -> list[_Req]:
+        """srpt: the preempted first, then the requests that waited while `aging_admissions` others were
+        admitted (oldest first: nothing starves), then the least predicted work first (arrival breaks
+        ties). The preempted are at the queue's front and the aged are the oldest, so both are a prefix
+        of the queue; the rest come off the heap, whose entries for requests no longer waiting are
+        dropped as they surface."""
+        out: list[_Req] = []
+        aged_at = self._admissions - self.policies.aging_admissions
+        for r in self._waiting:
+            if len(out) >= room or not (self._started(r) or r.since <= aged_at):
+                break
+            out.append(r)
+        taken = {id(r) for r in out}
+        heap, back = self._by_work, []
+        while heap and len(out) < room:
+            entry = heapq.heappop(heap)
+            r = entry[2]
+            if not self._in_queue(r):
+                continue  # admitted, preempted (it comes first now) or gone: its entry is dropped
+            back.append(entry)
+            if id(r) not in taken:
+                out.append(r)
+        for entry in back:
+            heapq.heappush(heap, entry)
+        return out
+
     def _candidates(self, room: int) -> Iterable[_Req]:
         if self.policies.decode_admission != "plan":
+            if self.policies.queue_order == "srpt":
+                return self._srpt(room)
             return itertools.islice(self._waiting, room)
         planned = self._plan_set
         by_id = {r.req.request_id: r for r in self._waiting}
@@ -703,7 +752,20 @@ class InstanceScheduler:
         else:
             self._waiting.remove(r)
         self.admitted_by_policy += 1
+        self._admissions += 1
         self._unplan(r.req.request_id)
+        self._prune()
+
+    def _prune(self) -> None:
+        """srpt's heap drops the entries of requests no longer waiting as they surface; when they are most
+        of it, it is rebuilt from those still waiting (so it stays within twice the queue)."""
+        if len(self._by_work) > 2 * len(self._waiting) + 64:
+            self._by_work = [e for e in self._by_work if self._in_queue(e[2])]
+            heapq.heapify(self._by_work)
+
+    def _in_queue(self, r: _Req) -> bool:
+        """Waiting, not started, and still this request (not a finished one's old entry under its id)."""
+        return r.phase in (Phase.WAITING, Phase.REMOTE) and not self._started(r) and self._reqs.get(r.rid) is r
 
     def _unplan(self, rid: str) -> None:
         if rid in self._plan_set:

@@ -6,3 +6,4 @@ from __future__ import annotations
 ADMISSION_POLICIES = ("greedy", "reserve-static", "reserve-dynamic", "plan")
 RESERVE_POINTS = ("lower", "mid", "upper")
 PREDICTORS = ("none", "oracle", "learned")
+QUEUE_ORDERS = ("fcfs", "srpt")  # the order decode and colocated instances admit waiting requests in

@@ -14,7 +14,7 @@ from typing import Any
 from .colocated import COLOCATED_SCHEDULES
 from .dispatch import DISPATCH_POLICIES
 from .flip import FLIP_POLICIES
-from .names import ADMISSION_POLICIES, PREDICTORS, RESERVE_POINTS
+from .names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS
 from .prefill import PREFILL_POLICIES
 
 
@@ -40,6 +40,8 @@ class PolicySet:
     flip_high: float = 0.80
     flip_window_s: float = 60.0
     colocated_schedule: str = "prefill-first"  # prefill-first | vllm-v0 | vllm-v1 (tetri.scheduling.colocated)
+    queue_order: str = "fcfs"  # fcfs | srpt: the order decode and colocated instances admit waiting requests in
+    aging_admissions: int = 256  # srpt: a request waiting while this many others are admitted goes first
 
     def __post_init__(self) -> None:
         choices = {
@@ -50,11 +52,12 @@ class PolicySet:
             "reserve_point": RESERVE_POINTS,
             "flip_policy": FLIP_POLICIES,
             "colocated_schedule": COLOCATED_SCHEDULES,
+            "queue_order": QUEUE_ORDERS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise PolicyError(name, f"unknown value {getattr(self, name)!r} (choose from {', '.join(allowed)})")
-        for name in ("prefill_sched_batch", "chunk_size", "predictor_granularity"):
+        for name in ("prefill_sched_batch", "chunk_size", "predictor_granularity", "aging_admissions"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PolicyError(name, f"must be a positive integer, got {v!r}")

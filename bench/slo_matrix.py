@@ -1,0 +1,161 @@
+"""The SLO matrix: chat-, code- and RAG-like mixes (`tetri.des.mixes`) at three loads each, on the
+simulator, the advice and Tetri's colocated setups against vLLM's baselines as vLLM runs them.
+
+    python bench/slo_matrix.py [--requests 600] [--mixes chat,code,rag] [--loads 0.7,1.0,1.4]
+        [--gpus 4] [--profile llama3-8b-h100] [--slo ttft=0.5,tpot=0.05] [--seed 0] [--advise]
+        [--json FILE]
+
+Per mix, vllm-v1's capacity on `--gpus` colocated instances: the highest Poisson rate at which at least
+90% of the requests meet the SLO (bisection over the rate, the same requests' lengths at every rate).
+Each point is that mix at `load` × the capacity. Setups, each on every point:
+  * vllm-v1, vllm-v0 — the baselines as vLLM runs them (FCFS, no predictor, its own schedule);
+  * srpt — vllm-v1's schedule admitting the least predicted work first, with aging (`queue_order`
+    srpt), lengths from an oracle predictor at the paper's 74.9% accuracy over 200-token buckets (never
+    the exact lengths);
+  * advice — with `--advise`, what `tetrictl advise` picks on the point (every candidate it tries: slow).
+Per setup: goodput (offered rate × share within the SLO), mean and p99 JCT, the p99 JCT of the requests
+served within the SLO, mean TTFT and TPOT, and the ratios to vllm-v1. A point is a **win** for a setup
+when its goodput is ≥ 1.3× vllm-v1's, or ≥ 0.99× with mean JCT ≤ 0.8×; a **loss** when its goodput is
+below 0.99× vllm-v1's, or within 1% with mean JCT above 1.05×.
+
+Deterministic for a seed. Prints one table per mix; asserts nothing (tests/des assert behaviour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tetri.des.advise import ORACLE_74, AdviceSpec, advise, outcome, setup_config
+from tetri.des.cluster import ClusterConfig, simulate
+from tetri.des.mixes import MIXES, make_mix
+from tetri.des.slo import SloSet, parse_slos
+from tetri.des.workloads import Request
+from tetri.scheduling.policyset import PolicySet
+from tetrictl.output import table
+
+COLUMNS = ["load", "setup", "goodput req/s", "within SLO", "mean JCT s", "p99 JCT", "p99 JCT within SLO"]
+COLUMNS += ["mean TTFT s", "mean TPOT ms", "vs vllm-v1"]
+WITHIN = 0.9  # capacity: the highest rate with at least this share of requests within the SLO
+
+SETUPS: dict[str, PolicySet] = {
+    "vllm-v1": PolicySet(colocated_schedule="vllm-v1"),
+    "vllm-v0": PolicySet(colocated_schedule="vllm-v0"),
+    "srpt": ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order="srpt"),
+}
+
+
+def run(
+    requests: Sequence[Request],
+    policy: PolicySet,
+    args: argparse.Namespace,
+    slo: SloSet,
+    cfg: ClusterConfig | None = None,
+) -> dict[str, Any]:
+    """One setup on one point (colocated on every GPU unless `cfg` says otherwise)."""
+    if cfg is None:
+        cfg = ClusterConfig(mode="vanilla", profile=args.profile, instances=args.gpus, policy=policy, seed=args.seed)
+    result = simulate(requests, cfg)
+    o = outcome(result, slo, 2.0, args.rate)
+    good = [r.jct for r in result.requests if slo.met(r)]
+    o["p99_jct_s"] = float(np.percentile([r.jct for r in result.requests], 99))
+    o["p99_jct_within_s"] = float(np.percentile(good, 99)) if good else float("nan")
+    o["mean_ttft_s"] = float(np.mean([r.ttft for r in result.requests]))
+    tpots = [r.tpot for r in result.requests if r.output_len > 1]
+    o["mean_tpot_s"] = float(np.mean(tpots)) if tpots else 0.0
+    return o
+
+
+def capacity(mix: str, args: argparse.Namespace, slo: SloSet) -> float:
+    """vllm-v1's capacity on this mix (module docstring), to 2%."""
+
+    def ok(rate: float) -> bool:
+        args.rate = rate
+        return run(make_mix(mix, args.requests, rate, args.seed), SETUPS["vllm-v1"], args, slo)["within_slo"] >= WITHIN
+
+    lo, hi = 0.0, 1.0
+    while ok(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 0.02 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def verdict(o: dict[str, Any], base: dict[str, Any]) -> str:
+    g = o["goodput_rps"] / base["goodput_rps"] if base["goodput_rps"] else float("inf")
+    j = o["avg_jct_s"] / base["avg_jct_s"]
+    if g >= 1.3 or (g >= 0.99 and j <= 0.8):
+        return "win"
+    if g < 0.99 or (g <= 1.01 and j > 1.05):
+        return "loss"
+    return "even"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--mixes", default=",".join(MIXES))
+    ap.add_argument("--loads", default="0.7,1.0,1.4")
+    ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--profile", default="llama3-8b-h100")
+    ap.add_argument("--slo", default="ttft=0.5,tpot=0.05")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--advise", action="store_true", help="also run `tetrictl advise` on each point (slow)")
+    ap.add_argument("--json", type=Path, help="write every point's outcomes here")
+    args = ap.parse_args()
+    slo = parse_slos([args.slo])
+    loads = [float(x) for x in args.loads.split(",") if x.strip()]
+    doc: list[dict[str, Any]] = []
+    verdicts: dict[str, list[str]] = {}
+    for mix in [m.strip() for m in args.mixes.split(",") if m.strip()]:
+        cap = capacity(mix, args, slo)
+        rows = []
+        for load in loads:
+            args.rate = load * cap
+            requests = make_mix(mix, args.requests, args.rate, args.seed)
+            got = {name: run(requests, pol, args, slo) for name, pol in SETUPS.items()}
+            if args.advise:
+                spec = AdviceSpec(profile=args.profile, gpus=args.gpus, slo=slo, seed=args.seed)
+                advice = advise(requests, spec)["advice"]
+                cfg = setup_config(spec, advice)
+                got["advice"] = run(requests, cfg.policy, args, slo, cfg) | {"setup": advice}
+            base = got["vllm-v1"]
+            for name, o in got.items():
+                v = "" if name == "vllm-v1" else verdict(o, base)
+                verdicts.setdefault(name, []).append(v)
+                rows.append(
+                    (
+                        f"{load:g}× ({args.rate:.3g}/s)" if name == "vllm-v1" else "",
+                        name,
+                        f"{o['goodput_rps']:.3g} ({o['goodput_rps'] / base['goodput_rps']:.2f}×)",
+                        f"{o['within_slo']:.0%}",
+                        f"{o['avg_jct_s']:.2f} ({o['avg_jct_s'] / base['avg_jct_s']:.2f}×)",
+                        f"{o['p99_jct_s']:.2f}",
+                        f"{o['p99_jct_within_s']:.2f} ({o['p99_jct_within_s'] / base['p99_jct_within_s']:.2f}×)",
+                        f"{o['mean_ttft_s']:.3f}",
+                        f"{o['mean_tpot_s'] * 1000:.1f}",
+                        v,
+                    )
+                )
+            doc.append({"mix": mix, "capacity_rps": cap, "load": load, "rate_rps": args.rate, "outcomes": got})
+        table(
+            f"{mix}: {args.requests} requests on {args.gpus} × {args.profile}, SLO {slo.label()}; vllm-v1's "
+            f"capacity {cap:.3g} req/s (≥ {WITHIN:.0%} within the SLO)",
+            COLUMNS,
+            rows,
+        )
+    for name, vs in verdicts.items():
+        if name != "vllm-v1":
+            print(f"{name}: {vs.count('win')} wins, {vs.count('even')} even, {vs.count('loss')} losses of {len(vs)}")
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
