@@ -12,6 +12,8 @@ Each point is that mix at `load` × the capacity. Setups, each on every point:
   * srpt — vllm-v1's schedule admitting the least predicted work first, with aging (`queue_order`
     srpt), lengths from an oracle predictor at the paper's 74.9% accuracy over 200-token buckets (never
     the exact lengths);
+  * fcfs+ttft, srpt+ttft — the same with `ttft_target_s` at the SLO's TTFT: a request that waited past it
+    goes after those that can still meet theirs;
   * advice — with `--advise`, what `tetrictl advise` picks on the point (every candidate it tries: slow).
 Per setup: goodput (offered rate × share within the SLO), mean and p99 JCT, the p99 JCT of the requests
 served within the SLO, mean TTFT and TPOT, and the ratios to vllm-v1. A point is a **win** for a setup
@@ -47,7 +49,10 @@ SETUPS: dict[str, PolicySet] = {
     "vllm-v1": PolicySet(colocated_schedule="vllm-v1"),
     "vllm-v0": PolicySet(colocated_schedule="vllm-v0"),
     "srpt": ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order="srpt"),
+    "fcfs+ttft": PolicySet(colocated_schedule="vllm-v1"),  # ttft_target_s: the SLO's TTFT (main)
+    "srpt+ttft": ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order="srpt"),
 }
+WITH_TTFT = ("fcfs+ttft", "srpt+ttft")
 
 
 def run(
@@ -111,6 +116,8 @@ def main() -> None:
     args = ap.parse_args()
     slo = parse_slos([args.slo])
     loads = [float(x) for x in args.loads.split(",") if x.strip()]
+    target = slo.default.ttft_s
+    setups = {k: p.changed(ttft_target_s=target) if k in WITH_TTFT else p for k, p in SETUPS.items()}
     doc: list[dict[str, Any]] = []
     verdicts: dict[str, list[str]] = {}
     for mix in [m.strip() for m in args.mixes.split(",") if m.strip()]:
@@ -119,7 +126,7 @@ def main() -> None:
         for load in loads:
             args.rate = load * cap
             requests = make_mix(mix, args.requests, args.rate, args.seed)
-            got = {name: run(requests, pol, args, slo) for name, pol in SETUPS.items()}
+            got = {name: run(requests, pol, args, slo) for name, pol in setups.items()}
             if args.advise:
                 spec = AdviceSpec(profile=args.profile, gpus=args.gpus, slo=slo, seed=args.seed)
                 advice = advise(requests, spec)["advice"]

@@ -52,12 +52,12 @@ def _requests(
 def describe(setup: dict[str, Any]) -> str:
     p = setup["policies"]
     if setup["mode"] == "colocated":
-        if p.get("queue_order", "fcfs") == "fcfs":
-            return f"colocated ×{setup['colocated']} as {p['colocated_schedule']}"
-        return (
-            f"colocated ×{setup['colocated']} as {p['colocated_schedule']}, {p['queue_order']} order "
-            f"({p['predictor']} predictor at {p['predictor_accuracy']:.1%})"
-        )
+        text = f"colocated ×{setup['colocated']} as {p['colocated_schedule']}"
+        if p.get("queue_order", "fcfs") != "fcfs":
+            text += f", {p['queue_order']} order ({p['predictor']} predictor at {p['predictor_accuracy']:.1%})"
+        if p.get("ttft_target_s"):
+            text += f", requests past a {p['ttft_target_s']:g} s TTFT last"
+        return text
     return (
         f"{setup['prefill']}P+{setup['decode']}D, ChunkSize {p['chunk_size']}, {p['prefill_policy']} prefill, "
         f"{p['decode_admission']} admission"
@@ -181,6 +181,7 @@ APPLIED = {
         "decode_admission",
         "queue_order",
         "aging_admissions",
+        "ttft_target_s",
         "predictor",
         "predictor_accuracy",
         "predictor_granularity",

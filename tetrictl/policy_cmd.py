@@ -74,6 +74,13 @@ def set_(
         int | None,
         typer.Option("--aging", help="srpt: a request waiting while this many others are admitted goes first (≥ 1)."),
     ] = None,
+    ttft_target: Annotated[
+        float | None,
+        typer.Option(
+            "--ttft-target",
+            help="Colocated: seconds; a request waiting longer goes after those that can still meet it (0: off).",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -94,12 +101,13 @@ def set_(
         "colocated_schedule": colocated_schedule,
         "queue_order": queue_order,
         "aging_admissions": aging,
+        "ttft_target_s": ttft_target,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:
         fail(
             "nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode"
-            " --reserve-point --colocated-schedule --queue-order --aging …"
+            " --reserve-point --colocated-schedule --queue-order --aging --ttft-target …"
         )
 
     async def body(c: TetriClient) -> dict[str, Any]:

@@ -156,8 +156,19 @@ def test_simulator_and_live_engine_make_the_same_iterations_with_chunking_off_an
         PolicySet(colocated_schedule="vllm-v1"),
         PolicySet(colocated_schedule="vllm-v1", queue_order="srpt", predictor="oracle", predictor_accuracy=0.749),
         PolicySet(colocated_schedule="vllm-v1", queue_order="srpt", aging_admissions=4),
+        PolicySet(colocated_schedule="vllm-v1", queue_order="srpt", predictor="oracle", ttft_target_s=0.5),
+        PolicySet(colocated_schedule="vllm-v1", ttft_target_s=0.5),
     ],
-    ids=["prefill-first", "prefill-first-reserve-dynamic", "vllm-v0", "vllm-v1", "vllm-v1-srpt", "vllm-v1-srpt-aged"],
+    ids=[
+        "prefill-first",
+        "prefill-first-reserve-dynamic",
+        "vllm-v0",
+        "vllm-v1",
+        "vllm-v1-srpt",
+        "vllm-v1-srpt-aged",
+        "vllm-v1-srpt-ttft",
+        "vllm-v1-ttft",
+    ],
 )
 def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: PolicySet):
     reqs = _workload("Mixed", 48, rate=6.0, seed=7)

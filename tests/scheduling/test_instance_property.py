@@ -24,6 +24,7 @@ policies = st.builds(
     colocated_schedule=st.sampled_from(["prefill-first", "vllm-v0", "vllm-v1"]),
     queue_order=st.sampled_from(["fcfs", "srpt"]),
     aging_admissions=st.sampled_from([1, 3, 256]),
+    ttft_target_s=st.sampled_from([0.0, 0.01, 1.0]),
 )
 predictions = st.one_of(st.none(), st.tuples(st.integers(1, 100), st.integers(100, 300)))
 operations = st.one_of(
@@ -55,16 +56,18 @@ def test_invariants_hold_at_every_step_and_every_request_finishes(
     ids: list[str] = []
     produced: dict[str, int] = {}
     inflight: IterationPlan | None = None
+    clock = [0.0]  # model time: each planned iteration advances it by its duration (the deadline's clock)
 
     def step() -> None:
         nonlocal inflight
         if inflight is None:
-            plan = s.schedule()
+            plan = s.schedule(clock[0])
             if plan is not None:
                 assert plan.kv_used <= s.capacity
                 inflight = plan if plan.pieces else None
             return
         out = s.complete(inflight)
+        clock[0] += inflight.duration
         inflight = None
         for rid, index in out.tokens:
             assert index == produced.get(rid, first), (rid, index)  # no token skipped or repeated
@@ -79,7 +82,7 @@ def test_invariants_hold_at_every_step_and_every_request_finishes(
                 continue
             rid = f"r{len(ids)}"
             ids.append(rid)
-            s.add(SchedRequest(rid, prompt, max_tokens, predicted), produced=first)
+            s.add(SchedRequest(rid, prompt, max_tokens, predicted, arrival=clock[0]), produced=first)
         elif kind in ("abort", "release", "loaded") and ids:
             getattr(s, kind)(ids[op[1] % len(ids)])
         elif kind == "step":
@@ -100,7 +103,7 @@ def test_invariants_hold_at_every_step_and_every_request_finishes(
         if inflight is not None:
             step()
         else:
-            plan = s.schedule()
+            plan = s.schedule(clock[0])
             for rid in plan.pulled if plan is not None else ():
                 s.loaded(rid)
             if plan is not None and plan.pieces:

@@ -93,3 +93,28 @@ def test_a_preempted_request_goes_before_less_work() -> None:
     s.add(SchedRequest("tiny", 5, 900, (1, 200), output_len=2))
     order = _admit_order(s)
     assert order[0] == preempted[0] and "tiny" in order
+
+
+def test_a_request_past_its_ttft_target_goes_after_those_that_can_still_meet_theirs() -> None:
+    """`ttft_target_s` (colocated): serving a request that has already missed its TTFT delays the ones
+    that can still make it; off (0) by default, as in vLLM."""
+    for target, first in ((0.0, "old"), (0.5, "new")):
+        s = InstanceScheduler(
+            "colocated", COST, PolicySet(colocated_schedule="vllm-v1", ttft_target_s=target), max_num_seqs=1
+        )
+        s.add(SchedRequest("old", 100, 900, arrival=0.0, output_len=2))
+        s.add(SchedRequest("new", 100, 900, arrival=0.9, output_len=2))
+        plan = s.schedule(1.0)  # old has waited 1 s: past a 0.5 s target; new 0.1 s
+        assert plan is not None and plan.admitted == (first,), target
+        order = list(plan.admitted)
+        s.complete(plan)
+        while (plan := s.schedule(2.0)) is not None:
+            order += plan.admitted
+            s.complete(plan)
+        assert sorted(order) == ["new", "old"]  # the late one is still served, after
+
+
+def test_the_ttft_target_is_a_validated_policy_field() -> None:
+    for bad in (-1, float("nan"), float("inf"), True):
+        with pytest.raises(PolicyError, match="ttft_target_s"):
+            PolicySet(ttft_target_s=bad)

@@ -7,9 +7,10 @@ its policies are the bench's: an oracle length predictor at 74.9%, power-of-two 
 their SLOs; the advice is the setup with the highest goodput, goodputs within 1% counting as equal and the
 lower mean JCT deciding among them, and a disaggregated setup only when it beats the best colocated one
 so. Colocated vllm-v1 is also tried admitting the least predicted work first (`queue_order` srpt, lengths
-from an oracle at the paper's 74.9%); the result keeps every named baseline as vLLM runs it (FCFS, no
-predictor) under `baselines`. Beside it: TTFT and TPOT percentiles and
-the dollars per million output tokens (provisioned GPUs × the run's wall time × price).
+from an oracle at the paper's 74.9%), and with either order putting the requests that waited past the
+SLO's TTFT after those that can still meet it (`ttft_target_s`); the result keeps every named baseline
+as vLLM runs it (FCFS, no predictor) under `baselines`. Beside it: TTFT and TPOT percentiles and the
+dollars per million output tokens (provisioned GPUs × the run's wall time × price).
 
 Pure: requests and a spec in, plain data out; the shell (`tetrictl advise`) reads the trace, prints,
 and with `--apply` sets the policies and flips instances on a live cluster to match.
@@ -53,7 +54,7 @@ class AdviceSpec:
     prefill_policies: tuple[str, ...] = ("fcfs", "sjf")
     admissions: tuple[str, ...] = ("greedy", "reserve-dynamic")
     baselines: tuple[str, ...] = BASELINES
-    queue_orders: tuple[str, ...] = QUEUE_ORDERS  # colocated vllm-v1 also tried with srpt (oracle at 74.9%)
+    queue_orders: tuple[str, ...] = QUEUE_ORDERS  # colocated vllm-v1 also tried with these (candidates())
     seed: int = 0
     modes: tuple[str, ...] = MODES  # which kinds of setup to consider (a running cluster's own: --mode)
 
@@ -87,11 +88,15 @@ class AdviceSpec:
         for b in self.baselines if "colocated" in self.modes else ():
             pol = PolicySet(colocated_schedule=b)
             out.append({"mode": "colocated", "colocated": self.gpus, "baseline": b, "policies": pol.to_dict()})
+        # vllm-v1 with Tetri's waiting order: srpt (lengths at 74.9%), and either order putting the requests
+        # past the SLO's TTFT after those that can still meet it
         for order in self.queue_orders if "colocated" in self.modes and "vllm-v1" in self.baselines else ():
-            if order == "fcfs":
-                continue  # the baseline itself
-            pol = ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order=order)
-            out.append({"mode": "colocated", "colocated": self.gpus, "baseline": None, "policies": pol.to_dict()})
+            base = ORACLE_74 if order == "srpt" else PolicySet()
+            for target in (0.0, self.slo.default.ttft_s):
+                if order == "fcfs" and not target:
+                    continue  # the baseline itself
+                pol = base.changed(colocated_schedule="vllm-v1", queue_order=order, ttft_target_s=target)
+                out.append({"mode": "colocated", "colocated": self.gpus, "baseline": None, "policies": pol.to_dict()})
         for p in range(1, self.gpus) if "disaggregated" in self.modes else ():
             for chunk in self.chunk_sizes():
                 for order in self.prefill_policies:

@@ -133,7 +133,9 @@ class _Req:
         self.out = r.output_len
         self.predicted = predicted
         self.lo = predicted[0] if predicted is not None else None
-        self.sched = SchedRequest(r.request_id, r.prompt_len, r.max_tokens, predicted, output_len=r.output_len)
+        self.sched = SchedRequest(
+            r.request_id, r.prompt_len, r.max_tokens, predicted, output_len=r.output_len, arrival=r.arrival
+        )
         self.preempt = 0
         self.prefill_start: float | None = None
         self.first_token: float | None = None
@@ -329,7 +331,7 @@ class _Sim:
         """Plan the instance's next iteration if it is idle; start it if it runs anything."""
         if inst.inflight is not None or inst.state == "flipping":
             return
-        plan = inst.sched.schedule()
+        plan = inst.sched.schedule(self.now)
         if plan is None:
             self._check_drained(inst)
             return

@@ -79,6 +79,7 @@ class SchedRequest:
     max_tokens: int
     predicted: tuple[int, int] | None = None
     output_len: int | None = None
+    arrival: float = 0.0  # model seconds it reached this instance (`ttft_target_s`)
 
     @property
     def stop_at(self) -> int:
@@ -218,6 +219,7 @@ class InstanceScheduler:
         self._plan_set: set[str] = set()
         self._by_work: list[tuple[float, int, _Req]] = []  # srpt: waiting requests not started, by their work
         self._admissions = 0  # requests taken from the waiting queue so far (srpt's aging clock)
+        self._now: float | None = None  # the model time of the iteration being planned
         self._heavy = self._light = self._growth = 0
         # counters, monotonic over the scheduler's life
         self.preemptions = 0
@@ -369,8 +371,10 @@ class InstanceScheduler:
 
     # --- one iteration -------------------------------------------------------------------------------
 
-    def schedule(self) -> IterationPlan | None:
-        """Plan the next iteration (None: nothing to do until a request arrives, loads or is released)."""
+    def schedule(self, now: float | None = None) -> IterationPlan | None:
+        """Plan the next iteration (None: nothing to do until a request arrives, loads or is released).
+        `now`: the model time it starts at, for `ttft_target_s` (the shell's clock, passed as data)."""
+        self._now = now
         if self.role == "prefill":
             return self._schedule_prefill()
         if self.role == "decode":
@@ -701,11 +705,30 @@ class InstanceScheduler:
             heapq.heappush(heap, entry)
         return out
 
+    def _late(self, r: _Req) -> bool:
+        """`ttft_target_s` (colocated): a request not started that has waited longer than the target can no
+        longer meet it: it goes after every request that still can."""
+        target, now = self.policies.ttft_target_s, self._now
+        return bool(target) and now is not None and not self._started(r) and now - r.req.arrival > target
+
     def _candidates(self, room: int) -> Iterable[_Req]:
         if self.policies.decode_admission != "plan":
-            if self.policies.queue_order == "srpt":
-                return self._srpt(room)
-            return itertools.islice(self._waiting, room)
+            deadline = self.role == "colocated" and self.policies.ttft_target_s > 0 and self._now is not None
+            if not deadline:
+                return (
+                    self._srpt(room) if self.policies.queue_order == "srpt" else itertools.islice(self._waiting, room)
+                )
+            # the requests that can still meet their TTFT first (in the queue's order), then the late ones
+            # (oldest first): the late are looked at and set aside, so this costs their number an iteration
+            late = [r for r in self._waiting if self._late(r)]
+            wanted = room + len(late)
+            order = (
+                self._srpt(wanted)
+                if self.policies.queue_order == "srpt"
+                else list(itertools.islice(self._waiting, wanted))
+            )
+            on_time = [r for r in order if not self._late(r)][:room]
+            return on_time + late[: room - len(on_time)]
         planned = self._plan_set
         by_id = {r.req.request_id: r for r in self._waiting}
         preempted = [r for r in self._waiting if r.recompute and r.req.request_id not in planned]

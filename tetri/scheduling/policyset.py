@@ -42,6 +42,7 @@ class PolicySet:
     colocated_schedule: str = "prefill-first"  # prefill-first | vllm-v0 | vllm-v1 (tetri.scheduling.colocated)
     queue_order: str = "fcfs"  # fcfs | srpt: the order decode and colocated instances admit waiting requests in
     aging_admissions: int = 256  # srpt: a request waiting while this many others are admitted goes first
+    ttft_target_s: float = 0.0  # colocated: requests that waited past it go after those that can meet it; 0 off
 
     def __post_init__(self) -> None:
         choices = {
@@ -65,6 +66,9 @@ class PolicySet:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
                 raise PolicyError(name, f"must be a number, got {v!r}")
+        v = self.ttft_target_s
+        if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or not 0 <= v < math.inf:
+            raise PolicyError("ttft_target_s", f"must be a number of seconds ≥ 0 (0: off), got {v!r}")
         if not 0 <= self.predictor_accuracy <= 1:
             raise PolicyError("predictor_accuracy", "must be within [0, 1]")
         if not 0 <= self.flip_high <= 1:

@@ -327,7 +327,10 @@ class SimEngine(Engine):
             raise EngineError(f"request {req.request_id} is already active on {self.instance_id}")
         seq = _Seq(req)
         self.sched.add(
-            SchedRequest(req.request_id, req.prompt_len, req.max_tokens, req.predicted_output), produced=produced
+            SchedRequest(
+                req.request_id, req.prompt_len, req.max_tokens, req.predicted_output, arrival=self._clock.now()
+            ),
+            produced=produced,
         )
         self._seqs[req.request_id] = seq
         self._wake.set()
@@ -388,7 +391,7 @@ class SimEngine(Engine):
             while True:
                 await self._clock.sleep(0)  # let every event of this instant in before planning
                 start = self._clock.now() if ended is None else ended
-                plan = self.sched.schedule()
+                plan = self.sched.schedule(start)
                 if plan is not None:
                     if self.on_plan is not None:
                         self.on_plan(start, plan)
