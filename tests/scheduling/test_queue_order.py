@@ -118,3 +118,19 @@ def test_the_ttft_target_is_a_validated_policy_field() -> None:
     for bad in (-1, float("nan"), float("inf"), True):
         with pytest.raises(PolicyError, match="ttft_target_s"):
             PolicySet(ttft_target_s=bad)
+
+
+def test_a_late_request_is_served_once_aging_admissions_others_went_before_it() -> None:
+    """Put last for missing its TTFT, it does not starve under a stream of requests that are on time."""
+    pol = PolicySet(colocated_schedule="vllm-v1", ttft_target_s=0.5, aging_admissions=2)
+    s = InstanceScheduler("colocated", COST, pol, max_num_seqs=1)
+    s.add(SchedRequest("old", 100, 900, arrival=0.0, output_len=1))
+    order: list[str] = []
+    for i in range(5):  # a fresh request at every iteration: on time, ahead of the late one until it aged
+        now = 10.0 + i
+        s.add(SchedRequest(f"new{i}", 100, 900, arrival=now, output_len=1))
+        plan = s.schedule(now)
+        assert plan is not None
+        order += plan.admitted
+        s.complete(plan)
+    assert order[:3] == ["new0", "new1", "old"]

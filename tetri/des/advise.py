@@ -193,7 +193,7 @@ def advise(
     colocated = best(coloc)
     disagg = [t for t in tried if t["mode"] == "disaggregated"]
     best_disagg = best(disagg)
-    advice = best([s for s in (colocated, best_disagg) if s is not None])  # colocated first: it wins a tie
+    advice = best(coloc + disagg)  # over every setup at once (colocated first: it wins a tie)
     assert advice is not None  # AdviceSpec has at least one kind of setup, and GPUs for it
     return {
         "profile": spec.profile,

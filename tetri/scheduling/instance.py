@@ -707,9 +707,12 @@ class InstanceScheduler:
 
     def _late(self, r: _Req) -> bool:
         """`ttft_target_s` (colocated): a request not started that has waited longer than the target can no
-        longer meet it: it goes after every request that still can."""
+        longer meet it: it goes after every request that still can — until it has waited while
+        `aging_admissions` others were admitted, when it goes first again (so it does not starve)."""
         target, now = self.policies.ttft_target_s, self._now
-        return bool(target) and now is not None and not self._started(r) and now - r.req.arrival > target
+        if not target or now is None or self._started(r) or now - r.req.arrival <= target:
+            return False
+        return r.since > self._admissions - self.policies.aging_admissions
 
     def _candidates(self, room: int) -> Iterable[_Req]:
         if self.policies.decode_admission != "plan":

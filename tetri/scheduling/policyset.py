@@ -42,7 +42,8 @@ class PolicySet:
     colocated_schedule: str = "prefill-first"  # prefill-first | vllm-v0 | vllm-v1 (tetri.scheduling.colocated)
     queue_order: str = "fcfs"  # fcfs | srpt: the order decode and colocated instances admit waiting requests in
     aging_admissions: int = 256  # srpt: a request waiting while this many others are admitted goes first
-    ttft_target_s: float = 0.0  # colocated: requests that waited past it go after those that can meet it; 0 off
+    ttft_target_s: float = 0.0  # colocated: requests that waited past it go after those that can meet it
+    # (until aging_admissions others were admitted); 0: off
 
     def __post_init__(self) -> None:
         choices = {
