@@ -58,15 +58,16 @@ WITH_TTFT = ("fcfs+ttft", "srpt+ttft")
 def run(
     requests: Sequence[Request],
     policy: PolicySet,
+    rate: float,
     args: argparse.Namespace,
     slo: SloSet,
     cfg: ClusterConfig | None = None,
 ) -> dict[str, Any]:
-    """One setup on one point (colocated on every GPU unless `cfg` says otherwise)."""
+    """One setup on one point, offered at `rate` (colocated on every GPU unless `cfg` says otherwise)."""
     if cfg is None:
         cfg = ClusterConfig(mode="vanilla", profile=args.profile, instances=args.gpus, policy=policy, seed=args.seed)
     result = simulate(requests, cfg)
-    o = outcome(result, slo, 2.0, args.rate)
+    o = outcome(result, slo, 2.0, rate)
     good = [r.jct for r in result.requests if slo.met(r)]
     o["p99_jct_s"] = float(np.percentile([r.jct for r in result.requests], 99))
     o["p99_jct_within_s"] = float(np.percentile(good, 99)) if good else float("nan")
@@ -80,8 +81,8 @@ def capacity(mix: str, args: argparse.Namespace, slo: SloSet) -> float:
     """vllm-v1's capacity on this mix (module docstring), to 2%."""
 
     def ok(rate: float) -> bool:
-        args.rate = rate
-        return run(make_mix(mix, args.requests, rate, args.seed), SETUPS["vllm-v1"], args, slo)["within_slo"] >= WITHIN
+        requests = make_mix(mix, args.requests, rate, args.seed)
+        return run(requests, SETUPS["vllm-v1"], rate, args, slo)["within_slo"] >= WITHIN
 
     lo, hi = 0.0, 1.0
     while ok(hi):
@@ -124,21 +125,21 @@ def main() -> None:
         cap = capacity(mix, args, slo)
         rows = []
         for load in loads:
-            args.rate = load * cap
-            requests = make_mix(mix, args.requests, args.rate, args.seed)
-            got = {name: run(requests, pol, args, slo) for name, pol in setups.items()}
+            rate = load * cap
+            requests = make_mix(mix, args.requests, rate, args.seed)
+            got = {name: run(requests, pol, rate, args, slo) for name, pol in setups.items()}
             if args.advise:
                 spec = AdviceSpec(profile=args.profile, gpus=args.gpus, slo=slo, seed=args.seed)
                 advice = advise(requests, spec)["advice"]
                 cfg = setup_config(spec, advice)
-                got["advice"] = run(requests, cfg.policy, args, slo, cfg) | {"setup": advice}
+                got["advice"] = run(requests, cfg.policy, rate, args, slo, cfg) | {"setup": advice}
             base = got["vllm-v1"]
             for name, o in got.items():
                 v = "" if name == "vllm-v1" else verdict(o, base)
                 verdicts.setdefault(name, []).append(v)
                 rows.append(
                     (
-                        f"{load:g}× ({args.rate:.3g}/s)" if name == "vllm-v1" else "",
+                        f"{load:g}× ({rate:.3g}/s)" if name == "vllm-v1" else "",
                         name,
                         f"{o['goodput_rps']:.3g} ({o['goodput_rps'] / base['goodput_rps']:.2f}×)",
                         f"{o['within_slo']:.0%}",
@@ -150,7 +151,7 @@ def main() -> None:
                         v,
                     )
                 )
-            doc.append({"mix": mix, "capacity_rps": cap, "load": load, "rate_rps": args.rate, "outcomes": got})
+            doc.append({"mix": mix, "capacity_rps": cap, "load": load, "rate_rps": rate, "outcomes": got})
         table(
             f"{mix}: {args.requests} requests on {args.gpus} × {args.profile}, SLO {slo.label()}; vllm-v1's "
             f"capacity {cap:.3g} req/s (≥ {WITHIN:.0%} within the SLO)",
