@@ -31,6 +31,15 @@ class Socket:
         self.written.append(message["body"])
 
 
+def _stream(sock: Socket, interval: int = 1, with_ids: bool = False) -> _Stream:
+    """A completion stream writing to `sock` (its job is never served: the tests feed tokens by hand)."""
+
+    async def serve(**_: Any) -> Any:
+        raise AssertionError
+
+    return _Stream(_Frames(_Job("r", "m", 1, 0, serve, False, with_ids), chat=False), sock.send, interval)
+
+
 def test_a_send_that_need_not_wait_is_done_at_once() -> None:
     async def main() -> None:
         sock = Socket()
@@ -64,11 +73,8 @@ def test_a_send_that_waits_is_finished_by_a_task_and_its_failure_kept() -> None:
 
 def test_frames_behind_a_waiting_send_follow_it_in_order() -> None:
     async def main() -> None:
-        async def serve(**_: Any) -> Any:
-            raise AssertionError
-
         sock = Socket()
-        out = _Stream(_Frames(_Job("r", "m", 1, 0, serve, False, False), chat=False), sock.send)
+        out = _stream(sock)
         out.tokens([1], "one")
         sock.writable.clear()
         out.tokens([2], "two")  # waits
@@ -92,11 +98,8 @@ def test_a_stream_interval_frames_the_first_token_at_once_then_every_n() -> None
     all; what is held at the end comes out with the response's end (`take`), the text unchanged."""
 
     async def main() -> None:
-        async def serve(**_: Any) -> Any:
-            raise AssertionError
-
         sock = Socket()
-        out = _Stream(_Frames(_Job("r", "m", 1, 0, serve, False, True), chat=False), sock.send, interval=4)
+        out = _stream(sock, interval=4, with_ids=True)
         for i in range(10):  # an engine step each
             out.tokens([i], f"t{i} ")
         await out.flush()
@@ -114,11 +117,8 @@ def test_a_stream_interval_waits_for_text_before_its_first_frame() -> None:
     """Tokens with no text yet (a character's first bytes) are not a first frame: the first text is."""
 
     async def main() -> None:
-        async def serve(**_: Any) -> Any:
-            raise AssertionError
-
         sock = Socket()
-        out = _Stream(_Frames(_Job("r", "m", 1, 0, serve, False, False), chat=False), sock.send, interval=3)
+        out = _stream(sock, interval=3)
         out.tokens([1], "")
         assert sock.written == []
         out.tokens([2], "é")  # the first text: at once, with the token before it

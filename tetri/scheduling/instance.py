@@ -714,23 +714,19 @@ class InstanceScheduler:
             return False
         return r.since > self._admissions - self.policies.aging_admissions
 
+    def _in_order(self, n: int) -> Iterable[_Req]:
+        """The first `n` waiting requests in `queue_order`."""
+        return self._srpt(n) if self.policies.queue_order == "srpt" else itertools.islice(self._waiting, n)
+
     def _candidates(self, room: int) -> Iterable[_Req]:
         if self.policies.decode_admission != "plan":
             deadline = self.role == "colocated" and self.policies.ttft_target_s > 0 and self._now is not None
             if not deadline:
-                return (
-                    self._srpt(room) if self.policies.queue_order == "srpt" else itertools.islice(self._waiting, room)
-                )
+                return self._in_order(room)
             # the requests that can still meet their TTFT first (in the queue's order), then the late ones
             # (oldest first): the late are looked at and set aside, so this costs their number an iteration
             late = [r for r in self._waiting if self._late(r)]
-            wanted = room + len(late)
-            order = (
-                self._srpt(wanted)
-                if self.policies.queue_order == "srpt"
-                else list(itertools.islice(self._waiting, wanted))
-            )
-            on_time = [r for r in order if not self._late(r)][:room]
+            on_time = [r for r in self._in_order(room + len(late)) if not self._late(r)][:room]
             return on_time + late[: room - len(on_time)]
         planned = self._plan_set
         by_id = {r.req.request_id: r for r in self._waiting}
