@@ -14,6 +14,8 @@ Each point is that mix at `load` × the capacity. Setups, each on every point:
     the exact lengths);
   * fcfs+ttft, srpt+ttft — the same with `ttft_target_s` at the SLO's TTFT: a request that waited past it
     goes after those that can still meet theirs;
+  * ttft+budget — fcfs+ttft with `token_budget` 384: 384 tokens an iteration (not vLLM's 2048) while no
+    prompt has waited half the TTFT target, so fewer prompt tokens slow the decodes;
   * advice — with `--advise`, what `tetrictl advise` picks on the point (every candidate it tries: slow).
 Per setup: goodput (offered rate × share within the SLO), mean and p99 JCT, the p99 JCT of the requests
 served within the SLO, mean TTFT and TPOT, and the ratios to vllm-v1. A point is a **win** for a setup
@@ -51,8 +53,9 @@ SETUPS: dict[str, PolicySet] = {
     "srpt": ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order="srpt"),
     "fcfs+ttft": PolicySet(colocated_schedule="vllm-v1"),  # ttft_target_s: the SLO's TTFT (main)
     "srpt+ttft": ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order="srpt"),
+    "ttft+budget": PolicySet(colocated_schedule="vllm-v1", token_budget=384),
 }
-WITH_TTFT = ("fcfs+ttft", "srpt+ttft")
+WITH_TTFT = ("fcfs+ttft", "srpt+ttft", "ttft+budget")
 
 
 def run(

@@ -57,6 +57,8 @@ def describe(setup: dict[str, Any]) -> str:
             text += f", {p['queue_order']} order ({p['predictor']} predictor at {p['predictor_accuracy']:.1%})"
         if p.get("ttft_target_s"):
             text += f", requests past a {p['ttft_target_s']:g} s TTFT last"
+        if p.get("token_budget"):
+            text += f", {p['token_budget']} tokens an iteration while no prompt is urgent"
         return text
     return (
         f"{setup['prefill']}P+{setup['decode']}D, ChunkSize {p['chunk_size']}, {p['prefill_policy']} prefill, "
@@ -182,6 +184,7 @@ APPLIED = {
         "queue_order",
         "aging_admissions",
         "ttft_target_s",
+        "token_budget",
         "predictor",
         "predictor_accuracy",
         "predictor_granularity",

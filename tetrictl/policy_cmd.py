@@ -81,6 +81,14 @@ def set_(
             help="Colocated: seconds; a request waiting longer goes after those that can still meet it (0: off).",
         ),
     ] = None,
+    token_budget: Annotated[
+        int | None,
+        typer.Option(
+            "--token-budget",
+            help="Colocated vllm-v1: tokens an iteration while no prompt has waited half its --ttft-target "
+            "(fewer prompt tokens beside the decodes: lower TPOT); 0: the engine's max_num_batched_tokens.",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -102,12 +110,13 @@ def set_(
         "queue_order": queue_order,
         "aging_admissions": aging,
         "ttft_target_s": ttft_target,
+        "token_budget": token_budget,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:
         fail(
             "nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode"
-            " --reserve-point --colocated-schedule --queue-order --aging --ttft-target …"
+            " --reserve-point --colocated-schedule --queue-order --aging --ttft-target --token-budget …"
         )
 
     async def body(c: TetriClient) -> dict[str, Any]:

@@ -26,7 +26,9 @@ def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated
     spec = AdviceSpec(gpus=3, slo=TIGHT, chunks=(192, 512), baselines=baselines)
     doc = advise(reqs, spec)
     json.dumps(doc, allow_nan=False)
-    srpt = 3 if "vllm-v1" in baselines else 0  # vllm-v1 with srpt, with the TTFT target, with both
+    # vllm-v1 with srpt alone; with the TTFT target, in either order, alone and with each token budget
+    budgets = len(spec.token_budgets)
+    srpt = 1 + 2 * (1 + budgets) if "vllm-v1" in baselines else 0
     assert len(doc["candidates"]) == len(baselines) + srpt + 2 * 2 * 2 * 2  # splits × chunks × orders × admissions
     # every named baseline as vLLM runs it: first come first served, no predictor, its own schedule
     assert set(doc["baselines"]) == set(baselines)
@@ -34,7 +36,11 @@ def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated
         assert b["policies"]["colocated_schedule"] == name and b["policies"]["queue_order"] == "fcfs"
         assert b["policies"]["predictor"] == "none" and b["outcome"]["goodput_rps"] >= 0
     srpts = [c for c in doc["candidates"] if c["policies"]["queue_order"] == "srpt"]
-    assert len(srpts) == srpt * 2 // 3 and all(c["policies"]["predictor_accuracy"] == 0.749 for c in srpts)
+    assert len(srpts) == (2 + budgets if srpt else 0)
+    assert all(c["policies"]["predictor_accuracy"] == 0.749 for c in srpts)
+    for c in doc["candidates"]:  # a token budget only beside the TTFT target that lifts it
+        assert not c["policies"]["token_budget"] or c["policies"]["ttft_target_s"] == 0.2
+    assert {c["policies"]["token_budget"] for c in doc["candidates"]} == ({0, *spec.token_budgets} if srpt else {0})
     targets = {c["policies"]["ttft_target_s"] for c in doc["candidates"] if c["mode"] == "colocated"}
     assert targets <= {0.0, 0.2} and (not srpt or 0.2 in targets)  # TIGHT's TTFT
     colocated, advice = doc["best_colocated"], doc["advice"]

@@ -158,6 +158,7 @@ def test_simulator_and_live_engine_make_the_same_iterations_with_chunking_off_an
         PolicySet(colocated_schedule="vllm-v1", queue_order="srpt", aging_admissions=4),
         PolicySet(colocated_schedule="vllm-v1", queue_order="srpt", predictor="oracle", ttft_target_s=0.5),
         PolicySet(colocated_schedule="vllm-v1", ttft_target_s=0.5),
+        PolicySet(colocated_schedule="vllm-v1", ttft_target_s=0.05, token_budget=96),
     ],
     ids=[
         "prefill-first",
@@ -168,6 +169,7 @@ def test_simulator_and_live_engine_make_the_same_iterations_with_chunking_off_an
         "vllm-v1-srpt-aged",
         "vllm-v1-srpt-ttft",
         "vllm-v1-ttft",
+        "vllm-v1-token-budget",
     ],
 )
 def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: PolicySet):
@@ -181,4 +183,7 @@ def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: Po
         assert {"prefill", "decode"} <= kinds and "mixed" not in kinds
     if policy.colocated_schedule == "vllm-v0":
         assert any(p.padding for _, p in sim["gpu0"])
+    if policy.token_budget:  # iterations both within the budget and, a prompt urgent, past it
+        sizes = {sum(x.tokens for x in p.pieces) for _, p in sim["gpu0"]}
+        assert policy.token_budget in sizes and max(sizes) > policy.token_budget
     _assert_same(_live(reqs, config), sim)

@@ -25,6 +25,7 @@ policies = st.builds(
     queue_order=st.sampled_from(["fcfs", "srpt"]),
     aging_admissions=st.sampled_from([1, 3, 256]),
     ttft_target_s=st.sampled_from([0.0, 0.01, 1.0]),
+    token_budget=st.sampled_from([0, 1, 64]),
 )
 predictions = st.one_of(st.none(), st.tuples(st.integers(1, 100), st.integers(100, 300)))
 operations = st.one_of(

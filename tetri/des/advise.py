@@ -8,7 +8,9 @@ their SLOs; the advice is the setup with the highest goodput, goodputs within 1%
 lower mean JCT deciding among them, and a disaggregated setup only when it beats the best colocated one
 so. Colocated vllm-v1 is also tried admitting the least predicted work first (`queue_order` srpt, lengths
 from an oracle at the paper's 74.9%), and with either order putting the requests that waited past the
-SLO's TTFT after those that can still meet it (`ttft_target_s`); the result keeps every named baseline
+SLO's TTFT after those that can still meet it (`ttft_target_s`), alone and with each of a few token
+budgets (`token_budget`: fewer prompt tokens an iteration, so lower TPOT, while the TTFT has slack); the
+result keeps every named baseline
 as vLLM runs it (FCFS, no predictor) under `baselines`. Beside it: TTFT and TPOT percentiles and the
 dollars per million output tokens (provisioned GPUs × the run's wall time × price).
 
@@ -55,6 +57,7 @@ class AdviceSpec:
     admissions: tuple[str, ...] = ("greedy", "reserve-dynamic")
     baselines: tuple[str, ...] = BASELINES
     queue_orders: tuple[str, ...] = QUEUE_ORDERS  # colocated vllm-v1 also tried with these (candidates())
+    token_budgets: tuple[int, ...] = (256, 384, 512)  # and with these `token_budget`s (its TTFT target on)
     seed: int = 0
     modes: tuple[str, ...] = MODES  # which kinds of setup to consider (a running cluster's own: --mode)
 
@@ -90,12 +93,14 @@ class AdviceSpec:
             out.append({"mode": "colocated", "colocated": self.gpus, "baseline": b, "policies": pol.to_dict()})
         # vllm-v1 with Tetri's waiting order: srpt (lengths at 74.9%), and either order putting the requests
         # past the SLO's TTFT after those that can still meet it
+        # past the SLO's TTFT after those that can still meet it; with that target, each token budget
+        # (fewer prompt tokens an iteration while no prompt is urgent)
+        target = self.slo.default.ttft_s
         for order in self.queue_orders if "colocated" in self.modes and "vllm-v1" in self.baselines else ():
-            base = ORACLE_74 if order == "srpt" else PolicySet()
-            for target in (0.0, self.slo.default.ttft_s):
-                if order == "fcfs" and not target:
-                    continue  # the baseline itself
-                pol = base.changed(colocated_schedule="vllm-v1", queue_order=order, ttft_target_s=target)
+            known = ORACLE_74 if order == "srpt" else PolicySet()
+            base = known.changed(colocated_schedule="vllm-v1", queue_order=order)
+            tried = [base.changed(ttft_target_s=target, token_budget=b) for b in (0, *self.token_budgets)]
+            for pol in ([base] if order != "fcfs" else []) + tried:  # fcfs alone: the baseline itself
                 out.append({"mode": "colocated", "colocated": self.gpus, "baseline": None, "policies": pol.to_dict()})
         for p in range(1, self.gpus) if "disaggregated" in self.modes else ():
             for chunk in self.chunk_sizes():

@@ -56,6 +56,7 @@ from .prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
 
 ROLES = ("prefill", "decode", "colocated")
 HEAVY_DECODE = 128  # tokens: a request predicted to produce more is a heavy decode (ShareGPT's median answer)
+URGENT = 0.5  # token_budget: the share of ttft_target_s a prompt waits before an iteration takes the full budget
 
 
 class Phase(enum.IntEnum):
@@ -521,7 +522,7 @@ class InstanceScheduler:
         """vllm-v1: each running request's next token, then prompt chunks (those under way first, then
         newly admitted ones) while the token budget lasts, in one iteration."""
         preempted = self._preempt_to_fit()
-        left = self.token_budget - len(self._running)
+        left = self._budget() - len(self._running)
         chunks: list[Piece] = []
         for r in self._prefilling.values():
             if left <= 0:
@@ -563,6 +564,27 @@ class InstanceScheduler:
             preempted.append(r.req.request_id)
             self._preempt(r)
         return preempted
+
+    def _budget(self) -> int:
+        """vllm-v1's tokens this iteration. `token_budget` (0: the engine's `token_budget`) caps it, so
+        that fewer prompt tokens ride with the decodes: an iteration is shorter, TPOT lower, a prompt takes
+        more iterations. With `ttft_target_s`, the cap lifts for an iteration once the oldest prompt not
+        started yet (waiting, or part-way through its prefill) has waited `URGENT` of the target: the TTFT
+        slack is spent on TPOT, never the TTFT itself."""
+        small = self.policies.token_budget
+        if not small or small >= self.token_budget:
+            return self.token_budget
+        target, now = self.policies.ttft_target_s, self._now
+        if target and now is not None:
+            # the waiting queue holds the preempted first, then the others in arrival order (srpt takes
+            # from its middle, which keeps the order): its first request not started is its oldest
+            first = next((r for r in self._waiting if not self._started(r)), None)
+            oldest = [r.req.arrival for r in self._prefilling.values() if not self._started(r)]
+            if first is not None:
+                oldest.append(first.req.arrival)
+            if oldest and now - min(oldest) >= URGENT * target:
+                return self.token_budget
+        return small
 
     def _feed_running(self) -> list[Piece]:
         """One token for each running request in this step: its piece, and the KV slot the token takes."""

@@ -44,6 +44,8 @@ class PolicySet:
     aging_admissions: int = 256  # srpt: a request waiting while this many others are admitted goes first
     ttft_target_s: float = 0.0  # colocated: requests that waited past it go after those that can meet it
     # (until aging_admissions others were admitted); 0: off
+    token_budget: int = 0  # vllm-v1: tokens an iteration while no prompt is urgent (instance.py); 0: the
+    # engine's max_num_batched_tokens
 
     def __post_init__(self) -> None:
         choices = {
@@ -67,6 +69,9 @@ class PolicySet:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
                 raise PolicyError(name, f"must be a number, got {v!r}")
+        v = self.token_budget
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise PolicyError("token_budget", f"must be a number of tokens ≥ 0 (0: the engine's), got {v!r}")
         v = self.ttft_target_s
         if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or not 0 <= v < math.inf:
             raise PolicyError("ttft_target_s", f"must be a number of seconds ≥ 0 (0: off), got {v!r}")
