@@ -2,14 +2,17 @@
 
     python bench/advise_roundtrip.py [--workload Mixed] [--rate 20] [-n 160] [--profile llama3-8b-h100]
         [--start 2,2] [--time-scale 1] [--slo ttft=0.2,tpot=0.015] [--baseline vllm-v0,vllm-v1]
+        [--ttft-miss last[,reject]]
 
-1. A live sim cluster starts (`--start P,D` prefill and decode workers, the default policies) and serves
-   the named mix at its Poisson arrivals: the history.
+1. A live sim cluster starts (`--start P,D` prefill and decode workers, the default policies; or `--start
+   colocated:N`, N colocated workers as vllm-v1, vLLM's own schedule) and serves the named mix (the
+   paper's five, or the SLO matrix's chat, code and rag: `tetri.des.mixes`) at its Poisson arrivals: the
+   history.
 2. Its status table is exported as a trace (`tetrictl requests export`, `tetri.des.trace.rows_to_trace`).
 3. `advise` (the simulator) recommends a setup for the trace on P + D GPUs and the SLOs.
-4. The advice is applied to the live cluster (`apply_advice`: policies, then flips); an advice to run
-   colocated starts a colocated cluster of the same size as that baseline instead (`tetrictl up --mode
-   colocated --baseline …`: flips do not make colocated instances).
+4. The advice is applied to the live cluster (`apply_advice`: policies, then flips). When the advice's
+   mode is not the cluster's (flips move instances between prefill and decode only), a cluster of the
+   advice's mode and split starts instead, and the advice is applied to it.
 5. The same trace is replayed live; its goodput (offered rate × share within the SLOs, as `advise`
    counts it) is printed beside the prediction. Target: within 10%.
 """
@@ -23,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from tetri.des.advise import AdviceSpec, advise, offered_rate, outcome
+from tetri.des.mixes import MIXES, make_mix
 from tetri.des.slo import parse_slos
 from tetri.des.trace import read_trace, rows_to_trace
 from tetri.des.workloads import make_workload
@@ -49,40 +53,63 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=20.0, help="requests per second (model time)")
     ap.add_argument("-n", type=int, default=160)
     ap.add_argument("--profile", default="llama3-8b-h100")
-    ap.add_argument("--start", default="2,2", help="prefill,decode workers of the live cluster")
+    ap.add_argument("--start", default="2,2", help="P,D: prefill,decode workers; colocated:N: N colocated")
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--slo", action="append", default=[])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default="vllm-v0,vllm-v1", help="colocated baselines advise considers")
+    ap.add_argument("--ttft-miss", default="last", help="last, or last,reject: advise may also try rejecting (429)")
     a = ap.parse_args()
-    p, d = (int(x) for x in a.start.split(","))
-    gpus = p + d
+    if a.start.startswith("colocated:"):
+        roles = ["colocated"] * int(a.start.split(":", 1)[1])
+    else:
+        p, d = (int(x) for x in a.start.split(","))
+        roles = ["prefill"] * p + ["decode"] * d
+    gpus = len(roles)
     scale = a.time_scale
     baselines = tuple(b.strip() for b in a.baseline.split(",") if b.strip())
-    spec = AdviceSpec(profile=a.profile, gpus=gpus, slo=parse_slos(a.slo), seed=a.seed, baselines=baselines)
+    misses = tuple(m.strip() for m in a.ttft_miss.split(",") if m.strip())
+    spec = AdviceSpec(
+        profile=a.profile, gpus=gpus, slo=parse_slos(a.slo), seed=a.seed, baselines=baselines, ttft_misses=misses
+    )
     state = Path(tempfile.mkdtemp(prefix="tetri-advise-"))
     clusters: list[LocalCluster] = []
+
+    def start(roles: list[str], name: str) -> LocalCluster:
+        colocated = roles[0] == "colocated"
+        cluster = start_local_cluster(roles, state_dir=state / name, profile=a.profile, time_scale=scale,
+                                      mode="colocated" if colocated else "disaggregated",
+                                      policies={"colocated_schedule": "vllm-v1"} if colocated else None)  # fmt: skip
+        clusters.append(cluster)
+        return cluster
+
     try:
-        live = start_local_cluster(["prefill"] * p + ["decode"] * d, state_dir=state / "a", profile=a.profile,
-                                   time_scale=scale)  # fmt: skip
-        clusters.append(live)
-        history = make_workload(a.workload, a.n, a.seed, a.rate, max_model_len=spec_model_len(a.profile))
+        live = start(roles, "history")
+        model_len = spec_model_len(a.profile)
+        if a.workload in MIXES:
+            history = make_mix(a.workload, a.n, a.rate, a.seed, max_model_len=model_len)
+        else:
+            history = make_workload(a.workload, a.n, a.seed, a.rate, max_model_len=model_len)
         replay_on(live.url, history, scale, gpus)
         lines = asyncio.run(_export(live.url))
         trace = read_trace(json.dumps(x) for x in lines)
         doc = advise(trace, spec)
         advice = doc["advice"]
-        if advice["mode"] == "colocated":
+        if (advice["mode"] == "colocated") != (roles[0] == "colocated"):
             live.stop()
             clusters.remove(live)
-            live = start_local_cluster(["colocated"] * gpus, state_dir=state / "b", profile=a.profile,
-                                       time_scale=scale, mode="colocated",
-                                       policies={"colocated_schedule": advice["baseline"]})  # fmt: skip
-            clusters.append(live)
-            applied = "started colocated as " + advice["baseline"]
+            split = [advice["prefill"], advice["decode"]] if advice["mode"] == "disaggregated" else [0, 0]
+            want = (
+                ["colocated"] * gpus
+                if advice["mode"] == "colocated"
+                else ["prefill"] * split[0] + ["decode"] * split[1]
+            )
+            live = start(want, "advised")
+            applied = f"started {advice['mode']}; "
         else:
-            done = asyncio.run(_apply(live.url, doc))
-            applied = f"policies {', '.join(done['changed']) or 'unchanged'}; {len(done['flips'])} flip(s)"
+            applied = ""
+        done = asyncio.run(_apply(live.url, doc))
+        applied += f"policies {', '.join(done['changed']) or 'unchanged'}; {len(done['flips'])} flip(s)"
         result = replay_on(live.url, trace, scale, gpus)
         got = outcome(result, spec.slo, spec.price, offered_rate(trace))
     finally:
@@ -95,7 +122,7 @@ def main() -> None:
     ]
     table(
         f"advise round trip: {len(trace)} requests of {a.workload} at {offered_rate(trace) or 0:.3g} req/s on "
-        f"{gpus} × {a.profile} (started {p}P+{d}D); advice {describe(advice)} ({applied}); SLO {spec.slo.label()}",
+        f"{gpus} × {a.profile} (started {a.start}); advice {describe(advice)} ({applied}); SLO {spec.slo.label()}",
         ["metric", "predicted (simulator)", "live", "live / predicted"],
         rows,
     )

@@ -3,7 +3,7 @@ simulator, the advice and Tetri's colocated setups against vLLM's baselines as v
 
     python bench/slo_matrix.py [--requests 600] [--mixes chat,code,rag] [--loads 0.7,1.0,1.4]
         [--gpus 4] [--profile llama3-8b-h100] [--slo ttft=0.5,tpot=0.05] [--seed 0] [--advise]
-        [--json FILE]
+        [--ttft-miss last[,reject]] [--json FILE]
 
 Per mix, vllm-v1's capacity on `--gpus` colocated instances: the highest Poisson rate at which at least
 90% of the requests meet the SLO (bisection over the rate, the same requests' lengths at every rate).
@@ -16,7 +16,11 @@ Each point is that mix at `load` × the capacity. Setups, each on every point:
     goes after those that can still meet theirs;
   * ttft+budget — fcfs+ttft with `token_budget` 384: 384 tokens an iteration (not vLLM's 2048) while no
     prompt has waited half the TTFT target, so fewer prompt tokens slow the decodes;
-  * advice — with `--advise`, what `tetrictl advise` picks on the point (every candidate it tries: slow).
+  * srpt+reject — srpt+ttft, but a request past the TTFT target is rejected (`ttft_miss` reject; live: 429
+    with Retry-After) rather than served last; it counts as outside the SLO, and the latencies are those
+    of the requests served;
+  * advice — with `--advise`, what `tetrictl advise` picks on the point (every candidate it tries: slow);
+    with `--ttft-miss last,reject` it may pick rejecting too.
 Per setup: goodput (offered rate × share within the SLO), mean and p99 JCT, the p99 JCT of the requests
 served within the SLO, mean TTFT and TPOT, and the ratios to vllm-v1. A point is a **win** for a setup
 when its goodput is ≥ 1.3× vllm-v1's, or ≥ 0.99× with mean JCT ≤ 0.8×; a **loss** when its goodput is
@@ -43,7 +47,7 @@ from tetri.des.workloads import Request
 from tetri.scheduling.policyset import PolicySet
 from tetrictl.output import table
 
-COLUMNS = ["load", "setup", "goodput req/s", "within SLO", "mean JCT s", "p99 JCT", "p99 JCT within SLO"]
+COLUMNS = ["load", "setup", "goodput req/s", "within SLO", "rejected", "mean JCT s", "p99 JCT", "p99 JCT within SLO"]
 COLUMNS += ["mean TTFT s", "mean TPOT ms", "vs vllm-v1"]
 WITHIN = 0.9  # capacity: the highest rate with at least this share of requests within the SLO
 
@@ -54,8 +58,9 @@ SETUPS: dict[str, PolicySet] = {
     "fcfs+ttft": PolicySet(colocated_schedule="vllm-v1"),  # ttft_target_s: the SLO's TTFT (main)
     "srpt+ttft": ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order="srpt"),
     "ttft+budget": PolicySet(colocated_schedule="vllm-v1", token_budget=384),
+    "srpt+reject": ORACLE_74.changed(colocated_schedule="vllm-v1", queue_order="srpt", ttft_miss="reject"),
 }
-WITH_TTFT = ("fcfs+ttft", "srpt+ttft", "ttft+budget")
+WITH_TTFT = ("fcfs+ttft", "srpt+ttft", "ttft+budget", "srpt+reject")
 
 
 def run(
@@ -72,6 +77,7 @@ def run(
     result = simulate(requests, cfg)
     o = outcome(result, slo, 2.0, rate)
     good = [r.jct for r in result.requests if slo.met(r)]
+    o["rejected"] = len(result.rejected)
     o["p99_jct_s"] = float(np.percentile([r.jct for r in result.requests], 99))
     o["p99_jct_within_s"] = float(np.percentile(good, 99)) if good else float("nan")
     o["mean_ttft_s"] = float(np.mean([r.ttft for r in result.requests]))
@@ -117,6 +123,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--advise", action="store_true", help="also run `tetrictl advise` on each point (slow)")
     ap.add_argument("--json", type=Path, help="write every point's outcomes here")
+    ap.add_argument("--ttft-miss", default="last", help="--advise: last, or last,reject to let it try rejecting")
     args = ap.parse_args()
     slo = parse_slos([args.slo])
     loads = [float(x) for x in args.loads.split(",") if x.strip()]
@@ -132,7 +139,8 @@ def main() -> None:
             requests = make_mix(mix, args.requests, rate, args.seed)
             got = {name: run(requests, pol, rate, args, slo) for name, pol in setups.items()}
             if args.advise:
-                spec = AdviceSpec(profile=args.profile, gpus=args.gpus, slo=slo, seed=args.seed)
+                misses = tuple(m.strip() for m in args.ttft_miss.split(",") if m.strip())
+                spec = AdviceSpec(profile=args.profile, gpus=args.gpus, slo=slo, seed=args.seed, ttft_misses=misses)
                 advice = advise(requests, spec)["advice"]
                 cfg = setup_config(spec, advice)
                 got["advice"] = run(requests, cfg.policy, rate, args, slo, cfg) | {"setup": advice}
@@ -146,6 +154,7 @@ def main() -> None:
                         name,
                         f"{o['goodput_rps']:.3g} ({o['goodput_rps'] / base['goodput_rps']:.2f}×)",
                         f"{o['within_slo']:.0%}",
+                        str(o["rejected"]),
                         f"{o['avg_jct_s']:.2f} ({o['avg_jct_s'] / base['avg_jct_s']:.2f}×)",
                         f"{o['p99_jct_s']:.2f}",
                         f"{o['p99_jct_within_s']:.2f} ({o['p99_jct_within_s'] / base['p99_jct_within_s']:.2f}×)",

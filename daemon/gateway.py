@@ -189,7 +189,7 @@ class Gateway:
                 self.metrics.jct.observe(jct_ms / 1000)
         else:
             status = end.status
-            reason = "cancelled" if end.status == Status.CANCELLED else "error"
+            reason = {Status.CANCELLED: "cancelled", Status.REJECTED: "rejected"}.get(end.status, "error")
             error = end.message[:500]
         self.metrics.requests.labels(status=status).inc()
         # the row's one update (its insert is the other): everything the request's run learned

@@ -332,4 +332,6 @@ class Run:
             return _Refused(ev.error)
         if ev.finish_reason == "error":
             return Failed(f"instance {name}: {ev.error}")
+        if ev.finish_reason == "rejected":
+            return Failed(f"instance {name}: {ev.error}", Status.REJECTED)
         return Finished(ev.finish_reason or "length", fl.produced)

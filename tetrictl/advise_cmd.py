@@ -56,7 +56,8 @@ def describe(setup: dict[str, Any]) -> str:
         if p.get("queue_order", "fcfs") != "fcfs":
             text += f", {p['queue_order']} order ({p['predictor']} predictor at {p['predictor_accuracy']:.1%})"
         if p.get("ttft_target_s"):
-            text += f", requests past a {p['ttft_target_s']:g} s TTFT last"
+            late = "rejected (429)" if p.get("ttft_miss") == "reject" else "last"
+            text += f", requests past a {p['ttft_target_s']:g} s TTFT {late}"
         if p.get("token_budget"):
             text += f", {p['token_budget']} tokens an iteration while no prompt is urgent"
         return text
@@ -85,6 +86,14 @@ def advise_cmd(
         str | None, typer.Option("--chunks", help="ChunkSizes to try (default: the profile's, 256, 512, 1024).")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the named mix and the simulator.")] = 0,
+    ttft_miss: Annotated[
+        str,
+        typer.Option(
+            "--ttft-miss",
+            help="What colocated setups may do with a request past the SLO's TTFT: last, or last,reject to also "
+            "try answering it 429 (reject: clients see rejections).",
+        ),
+    ] = "last",
     mode: Annotated[
         str,
         typer.Option(
@@ -118,6 +127,7 @@ def advise_cmd(
             chunks=ints(chunks, "--chunks") if chunks else (),
             baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
             seed=seed,
+            ttft_misses=tuple(m.strip().lower() for m in ttft_miss.split(",") if m.strip()),
             modes=MODES if mode.strip().lower() == "any" else (mode.strip().lower(),),
         )
         requests = _requests(trace, workload, rate, n, seed, profile)
@@ -184,6 +194,7 @@ APPLIED = {
         "queue_order",
         "aging_admissions",
         "ttft_target_s",
+        "ttft_miss",
         "token_budget",
         "predictor",
         "predictor_accuracy",

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from tetri.des.cluster import ClusterConfig
 from tetri.des.experiments import Runner
-from tetri.des.records import InstanceRecord, RequestRecord, RunResult
+from tetri.des.records import InstanceRecord, RejectedRecord, RequestRecord, RunResult
 from tetri.des.workloads import Request
 
-from .client import Target, TetriClient
+from .client import Refused, Target, TetriClient
 from .procs import start_local_cluster
 
 
@@ -34,9 +34,11 @@ def _roles(config: ClusterConfig) -> list[str]:
     return ["prefill"] * config.prefill_instances + ["decode"] * (config.instances - config.prefill_instances)
 
 
-async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> dict[str, str]:
-    """Send every request at its (scaled) arrival time; returns workload id → daemon request id."""
+async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> tuple[dict[str, str], dict[str, float]]:
+    """Send every request at its (scaled) arrival time; returns workload id → daemon request id, and for
+    those answered 429 (`ttft_miss` reject) workload id → model seconds from the start to the answer."""
     ids: dict[str, str] = {}
+    rejected: dict[str, float] = {}
     t0 = time.monotonic()
 
     async def one(r: Request) -> None:
@@ -46,15 +48,20 @@ async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> 
             "prompt": [1 + (i % 250) for i in range(r.prompt_len)],
             "max_tokens": r.output_len,
         }
-        ids[r.request_id] = (await c.complete(body))["id"]
+        try:
+            ids[r.request_id] = (await c.complete(body))["id"]
+        except Refused as e:
+            if e.status != 429:
+                raise
+            rejected[r.request_id] = (time.monotonic() - t0) * scale
 
     await asyncio.gather(*(one(r) for r in requests))
-    return ids
+    return ids, rejected
 
 
 async def _run(
     url: str, config: ClusterConfig | None, requests: Sequence[Request], scale: float, token: str | None = None
-) -> tuple[dict[str, str], dict[str, dict], float, int]:
+) -> tuple[dict[str, str], dict[str, dict], float, int, dict[str, float]]:
     async with TetriClient(Target(url, token), timeout=30) as c:
         if config is not None:  # TetriInfer's policies, or the baseline's colocated schedule
             await c.set_policies(config.policy.to_dict())
@@ -64,11 +71,11 @@ async def _run(
                 raise RuntimeError("workers did not take the policies")
             await asyncio.sleep(0.05)
         t_start = float((await c.cluster())["now"])  # the cluster clock: model time
-        ids = await _replay(c, requests, scale)
+        ids, rejected = await _replay(c, requests, scale)
         await asyncio.sleep(0.3)  # one flush of the batched status-table writes
         rows = {r["id"]: r for r in await c.all_requests()}
         preempt = sum(i["preemptions"] for i in await c.instances())
-    return ids, rows, t_start, preempt
+    return ids, rows, t_start, preempt, rejected
 
 
 def live_runner(time_scale: float = 1.0) -> Runner:
@@ -85,10 +92,10 @@ def live_runner(time_scale: float = 1.0) -> Runner:
             mode="colocated" if config.mode == "vanilla" else "disaggregated",
         )
         try:
-            ids, rows, t_start, preempt = asyncio.run(_run(cluster.url, config, requests, time_scale))
+            ids, rows, t_start, preempt, rejected = asyncio.run(_run(cluster.url, config, requests, time_scale))
         finally:
             cluster.stop()
-        return _result(requests, ids, rows, t_start, preempt, config.instances)
+        return _result(requests, ids, rows, t_start, preempt, config.instances, rejected)
 
     return run
 
@@ -98,12 +105,18 @@ def replay_on(
 ) -> RunResult:
     """Replay `requests` at their arrival times on a running cluster as it is (its policies, its split)
     and read back their records (`tetrictl advise`'s round trip: the advice applied, the same trace)."""
-    ids, rows, t_start, preempt = asyncio.run(_run(url, None, requests, time_scale, token))
-    return _result(requests, ids, rows, t_start, preempt, gpus)
+    ids, rows, t_start, preempt, rejected = asyncio.run(_run(url, None, requests, time_scale, token))
+    return _result(requests, ids, rows, t_start, preempt, gpus, rejected)
 
 
 def _result(
-    requests: Sequence[Request], ids: dict[str, str], rows: dict[str, dict], t0: float, preemptions: int, gpus: int
+    requests: Sequence[Request],
+    ids: dict[str, str],
+    rows: dict[str, dict],
+    t0: float,
+    preemptions: int,
+    gpus: int,
+    rejected: dict[str, float],
 ) -> RunResult:
     def m(ts: float | None) -> float | None:  # the cluster clock → model seconds since the replay began
         return None if ts is None else ts - t0
@@ -112,6 +125,8 @@ def _result(
     spans: dict[str, list[float]] = {}
     roles: dict[str, list[str]] = {}
     for r in requests:
+        if r.request_id in rejected:
+            continue
         row = rows[ids[r.request_id]]
         if row["status"] != "finished":
             raise RuntimeError(f"request {r.request_id} ended {row['status']}: {row.get('error')}")
@@ -150,5 +165,11 @@ def _result(
                 if role not in held_as:  # ids name no role: the rows say what each instance served as
                     held_as.append(role)
     instances = [InstanceRecord(i, tuple(roles[i]), s[1] - s[0], s[0], s[1], 0, 0) for i, s in spans.items()]
-    makespan = max(r.finish for r in recs) - min(r.arrival for r in recs)
-    return RunResult(recs, instances, [], preemptions, 0, 0, makespan, 0, gpus)
+    gone = [
+        RejectedRecord(r.request_id, r.arrival, rejected[r.request_id], "")
+        for r in requests
+        if r.request_id in rejected
+    ]
+    ends = [r.finish for r in recs] + [x.rejected for x in gone]
+    makespan = max(ends) - min(r.arrival for r in requests)
+    return RunResult(recs, instances, [], preemptions, 0, 0, makespan, 0, gpus, rejected=gone)

@@ -7,7 +7,7 @@ import typer
 
 from tetri.scheduling.colocated import COLOCATED_SCHEDULES
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
-from tetri.scheduling.names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS
+from tetri.scheduling.names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS, TTFT_MISSES
 from tetri.scheduling.prefill import PREFILL_POLICIES
 
 from .client import TetriClient
@@ -81,6 +81,14 @@ def set_(
             help="Colocated: seconds; a request waiting longer goes after those that can still meet it (0: off).",
         ),
     ] = None,
+    ttft_miss: Annotated[
+        str | None,
+        typer.Option(
+            "--ttft-miss",
+            help=f"Colocated: a request past --ttft-target goes {_choices(TTFT_MISSES)} "
+            "(last: after those that can still meet it; reject: answered 429 with Retry-After, recorded rejected).",
+        ),
+    ] = None,
     token_budget: Annotated[
         int | None,
         typer.Option(
@@ -110,13 +118,14 @@ def set_(
         "queue_order": queue_order,
         "aging_admissions": aging,
         "ttft_target_s": ttft_target,
+        "ttft_miss": ttft_miss,
         "token_budget": token_budget,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:
         fail(
             "nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode"
-            " --reserve-point --colocated-schedule --queue-order --aging --ttft-target --token-budget …"
+            " --reserve-point --colocated-schedule --queue-order --aging --ttft-target --ttft-miss --token-budget …"
         )
 
     async def body(c: TetriClient) -> dict[str, Any]:

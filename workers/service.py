@@ -31,7 +31,7 @@ from tetri.scheduling.instance import HEAVY_DECODE
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import LengthPredictor, make_predictor
 
-from .engines.base import Engine, EngineError, EngineRequest, KVHandle
+from .engines.base import Engine, EngineError, EngineRequest, KVHandle, Rejected
 
 log = logging.getLogger(__name__)
 _DONE = object()
@@ -132,7 +132,7 @@ async def _chunks(rid: str, queue: LoopQueue[object], produced: int, limit: int)
             yield toks
             continue
         if isinstance(end, EngineError):
-            reason = "abort" if str(end) == "aborted" else "error"
+            reason = "rejected" if isinstance(end, Rejected) else "abort" if str(end) == "aborted" else "error"
             yield pb.TokenChunk(request_id=rid, token_ids=toks, finished=True, finish_reason=reason, error=str(end))
         else:
             yield pb.TokenChunk(

@@ -44,7 +44,8 @@ from .schemas import (
 from .sse import EventStream, send_now
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-CODES = errors(400, 401, 404, 409, 413, 502, 503)
+CODES = errors(400, 401, 404, 409, 413, 429, 502, 503)
+RETRY_AFTER_S = "1"  # a request its instance rejected (429): when to try again, in seconds
 
 
 def openai_error(
@@ -296,6 +297,8 @@ async def _respond(job: _Job, stream: bool, chat: bool, request: Request) -> Res
             await collect
         return Response(status_code=499)
     got = collect.result()
+    if isinstance(got, Failed) and got.status == Status.REJECTED:
+        return _rejected(got)
     if isinstance(got, Failed):
         status = 503 if got.status == Status.INTERRUPTED else 502
         return openai_error(status, got.message, "APIError", None, _failure_code(got))
@@ -312,7 +315,17 @@ async def _disconnect(request: Request) -> None:
 
 
 def _failure_code(ev: Failed) -> str:
+    if ev.status == Status.REJECTED:
+        return "ttft_target_missed"
     return "daemon_shutdown" if ev.status == Status.INTERRUPTED else "worker_failed"
+
+
+def _rejected(ev: Failed) -> JSONResponse:
+    """A request its instance turned away before its first token (`ttft_miss` reject): 429, as a server too
+    busy to answer in time; nothing was done, so the client may retry."""
+    answer = openai_error(429, ev.message, "RateLimitError", None, _failure_code(ev))
+    answer.headers["Retry-After"] = RETRY_AFTER_S
+    return answer
 
 
 def _usage_chunk(job: _Job, chat: bool, n: int) -> dict[str, Any]:
@@ -408,6 +421,8 @@ class _Stream:
         self.held_ids: list[int] = []  # tokens not framed yet (stream interval > 1)
         self.held_text = ""
         self.framed = 0  # tokens framed so far (stream interval > 1)
+        self.prefix = b""  # sent before the first frame (a chat stream's role chunk)
+        self.sent = False  # anything handed to the server yet (the response has begun)
 
     def tokens(self, ids: list[int], text: str) -> None:
         self.count += len(ids)
@@ -420,12 +435,15 @@ class _Stream:
         if text or (ids and self.frames.with_ids):
             self.framed = self.count
             frame = self.frames.frame(ids, text)
+            if self.prefix:
+                frame, self.prefix = self.prefix + frame, b""
             if self.waiting is None and self.failed is None:
                 self._send(frame)
             else:
                 self.buffer += frame
 
     def _send(self, data: bytes) -> None:
+        self.sent = True
         try:
             self.waiting = send_now(self.send, {"type": "http.response.body", "body": data, "more_body": True})
         except Exception as e:  # the request's task raises it (`flush`): the Serve stream's reader goes on
@@ -453,24 +471,28 @@ class _Stream:
 
     def take(self) -> bytes:
         """What is not sent yet: the frames behind a send, and the tokens held for the stream interval."""
-        data, self.buffer = self.buffer, b""
+        data, self.buffer = self.prefix + self.buffer, b""
+        self.prefix = b""
         if self.held_text or (self.held_ids and self.frames.with_ids):
             data += self.frames.frame(self.held_ids, self.held_text)
         self.held_ids, self.held_text = [], ""
         return data
 
 
-def _sse(job: _Job, chat: bool, interval: int) -> Callable[[Send], Awaitable[bytes]]:
+def _sse(job: _Job, chat: bool, interval: int) -> Callable[[Send], Awaitable[bytes | Response]]:
     """The stream's body: the request served with its frames written as they come; returns its last piece
     (what is buffered, the finishing chunk, the usage, `[DONE]`), which goes out with the response's end."""
 
-    async def body(send: Send) -> bytes:
-        if chat:  # the first chunk names the role, as OpenAI's and vLLM's do
-            role = sse_data(chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None))
-            await send({"type": "http.response.body", "body": role, "more_body": True})
+    async def body(send: Send) -> bytes | Response:
         out = _Stream(_Frames(job, chat), send, interval)
+        if chat:  # the first chunk names the role, as OpenAI's and vLLM's do (it goes with the first tokens)
+            out.prefix = sse_data(
+                chat_chunk(job.rid, job.created, job.model, {"role": "assistant", "content": ""}, None)
+            )
         end = await job.serve(out=out)
         await out.flush()
+        if isinstance(end, Failed) and end.status == Status.REJECTED and not out.sent:
+            return _rejected(end)  # nothing was sent: the response can still be a 429
         tail = out.take()
         if isinstance(end, Failed):
             return tail + sse_data(error_body(end.message, "APIError", None, _failure_code(end))) + DONE

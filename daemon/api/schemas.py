@@ -143,6 +143,7 @@ _WHY = {
     405: "Method not allowed on this route",
     409: "Conflict with the current state (id taken, not in flight, wrong role)",
     413: "Request body larger than max_request_bytes",
+    429: "Turned away before its first token: it waited past the TTFT target (ttft_miss reject; Retry-After)",
     502: "The worker serving the request failed",
     503: "Not ready: no instance can serve, or the daemon is draining (Retry-After)",
 }

@@ -61,9 +61,13 @@ async def _finish(coro: Coroutine[Any, Any, None], awaiting: Any) -> None:
 
 
 class EventStream(Response):
+    """The response starts (200, its headers) with the body's first write, so that a body which ends
+    before writing anything can answer otherwise: it returns a whole `Response` (a request its instance
+    rejected before its first token: 429) instead of its last piece."""
+
     media_type = "text/event-stream"
 
-    def __init__(self, body: Callable[[Send], Awaitable[bytes]]) -> None:
+    def __init__(self, body: Callable[[Send], Awaitable[bytes | Response]]) -> None:
         self.body_writer = body
         self.status_code = 200
         self.background: BackgroundTask | None = None
@@ -82,10 +86,26 @@ class EventStream(Response):
             task.cancel()
 
         watcher = asyncio.create_task(watch())
-        try:
+        started = False
+
+        async def start_then(message: Message) -> None:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            last = await self.body_writer(send)
-            await send({"type": "http.response.body", "body": last, "more_body": False})
+            await send(message)
+
+        def lazy(message: Message) -> Awaitable[None]:
+            nonlocal started
+            if started:
+                return send(message)
+            started = True
+            return start_then(message)
+
+        try:
+            last = await self.body_writer(lazy)
+            if isinstance(last, Response):
+                assert not started, "a stream that has begun cannot answer otherwise"
+                await last(scope, receive, send)
+            else:
+                await lazy({"type": "http.response.body", "body": last, "more_body": False})
         except asyncio.CancelledError:
             if not gone or task.uncancel() > 0:  # cancelled for another reason than the client leaving
                 raise

@@ -4,7 +4,8 @@
 Request phases follow a request through the cluster; statuses say how it ended:
 
     phase:  queued → prefill → transfer → decode → done     (colocated: queued → prefill → decode → done)
-    status: running → finished | rejected | failed | cancelled | interrupted
+    status: running → finished | rejected | failed | cancelled | interrupted (rejected: refused at the API,
+    or turned away by its instance past its TTFT target, `ttft_miss` reject)
 """
 
 from __future__ import annotations

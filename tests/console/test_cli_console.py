@@ -217,6 +217,10 @@ def test_policy_and_flip_policy(cluster: LiveCluster):
     assert point["changed"] == ["reserve_point"]
     assert ok_json(cluster, "policy", "show")["policies"]["reserve_point"] == "mid"
     fails(ctl(cluster, "policy", "set"), exitcodes.USAGE, "nothing to set")
+    slo = ok_json(cluster, "policy", "set", "--ttft-target", "0.5", "--ttft-miss", "reject", "--token-budget", "384")
+    assert set(slo["changed"]) == {"ttft_target_s", "ttft_miss", "token_budget"}
+    fails(ctl(cluster, "policy", "set", "--ttft-miss", "drop"), exitcodes.USAGE, "ttft_miss")
+    fails(ctl(cluster, "policy", "set", "--token-budget", "-1"), exitcodes.USAGE, "token_budget")
     assert ok_json(cluster, "policy", "show")["policies"]["chunk_size"] == 256  # state unchanged by the refusals
     hist = ok_json(cluster, "policy", "history")["changes"]
     assert {h["field"] for h in hist} >= {"prefill_policy", "chunk_size"}

@@ -104,3 +104,22 @@ def test_a_trace_round_trips_through_the_status_rows():
 def test_a_bad_trace_line_is_named(lines, needle):
     with pytest.raises(WorkloadSpecError, match=needle):
         read_trace(lines, max_model_len=8192)
+
+
+def test_rejecting_is_tried_only_when_asked() -> None:
+    """`ttft_miss` reject changes what clients see (429s), so advise tries it only with ttft_misses."""
+    base = AdviceSpec(gpus=2, slo=TIGHT, modes=("colocated",))
+    asked = AdviceSpec(gpus=2, slo=TIGHT, modes=("colocated",), ttft_misses=("last", "reject"))
+    for spec, want in ((base, {"last"}), (asked, {"last", "reject"})):
+        assert {c["policies"]["ttft_miss"] for c in spec.candidates()} == want
+    rejecting = [c for c in asked.candidates() if c["policies"]["ttft_miss"] == "reject"]
+    assert rejecting and all(c["policies"]["ttft_target_s"] == 0.2 for c in rejecting)
+    reqs = make_workload("Mixed", 64, seed=2, rate=400.0, max_model_len=8192)  # past 2 GPUs' capacity
+    doc = advise(reqs, asked)
+    outcomes = [c["outcome"] for c in doc["candidates"] if c["policies"]["ttft_miss"] == "reject"]
+    assert any(o["rejected"] for o in outcomes)
+    for o in outcomes:  # a rejected request counts outside the SLO: at most the served share is within it
+        assert o["within_slo"] <= 1 - o["rejected"] / len(reqs)
+    for bad in ((), ("drop",)):
+        with pytest.raises(WorkloadSpecError, match="--ttft-miss"):
+            AdviceSpec(ttft_misses=bad)

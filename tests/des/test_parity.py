@@ -23,7 +23,7 @@ from tetri.des.workloads import Request, make_workload
 from tetri.scheduling.instance import IterationPlan
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import make_predictor
-from workers.engines.base import EngineRequest
+from workers.engines.base import EngineRequest, Rejected
 from workers.engines.sim import SimEngine
 
 from .virtual_clock import VirtualClock
@@ -69,7 +69,13 @@ def _live(reqs: Sequence[Request], config: ClusterConfig) -> Trace:
                 assert len(tokens) == ereq.max_tokens - 1
 
         async def vanilla(co: SimEngine, ereq: EngineRequest) -> None:
-            tokens = [t async for t in co.generate(ereq)]
+            tokens: list[int] = []
+            try:
+                async for t in co.generate(ereq):
+                    tokens.append(t)
+            except Rejected:  # turned away past its TTFT target, before its first token
+                assert pol.ttft_miss == "reject" and not tokens
+                return
             assert len(tokens) == ereq.max_tokens
 
         async def client(r: Request, engines: list[SimEngine]) -> None:
@@ -159,6 +165,10 @@ def test_simulator_and_live_engine_make_the_same_iterations_with_chunking_off_an
         PolicySet(colocated_schedule="vllm-v1", queue_order="srpt", predictor="oracle", ttft_target_s=0.5),
         PolicySet(colocated_schedule="vllm-v1", ttft_target_s=0.5),
         PolicySet(colocated_schedule="vllm-v1", ttft_target_s=0.05, token_budget=96),
+        PolicySet(
+            colocated_schedule="vllm-v1", queue_order="srpt", predictor="oracle", ttft_target_s=0.5, ttft_miss="reject"
+        ),
+        PolicySet(colocated_schedule="vllm-v0", ttft_target_s=0.5, ttft_miss="reject"),
     ],
     ids=[
         "prefill-first",
@@ -170,6 +180,8 @@ def test_simulator_and_live_engine_make_the_same_iterations_with_chunking_off_an
         "vllm-v1-srpt-ttft",
         "vllm-v1-ttft",
         "vllm-v1-token-budget",
+        "vllm-v1-srpt-reject",
+        "vllm-v0-reject",
     ],
 )
 def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: PolicySet):
@@ -183,6 +195,9 @@ def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: Po
         assert {"prefill", "decode"} <= kinds and "mixed" not in kinds
     if policy.colocated_schedule == "vllm-v0":
         assert any(p.padding for _, p in sim["gpu0"])
+    if policy.ttft_miss == "reject":  # some requests turned away, the rest served
+        rejected = [rid for _, p in sim["gpu0"] for rid in p.rejected]
+        assert rejected and len(set(rejected)) == len(rejected) < len(reqs)
     if policy.token_budget:  # iterations both within the budget and, a prompt urgent, past it
         sizes = {sum(x.tokens for x in p.pieces) for _, p in sim["gpu0"]}
         assert policy.token_budget in sizes and max(sizes) > policy.token_budget

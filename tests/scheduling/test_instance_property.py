@@ -26,6 +26,7 @@ policies = st.builds(
     aging_admissions=st.sampled_from([1, 3, 256]),
     ttft_target_s=st.sampled_from([0.0, 0.01, 1.0]),
     token_budget=st.sampled_from([0, 1, 64]),
+    ttft_miss=st.sampled_from(["last", "reject"]),
 )
 predictions = st.one_of(st.none(), st.tuples(st.integers(1, 100), st.integers(100, 300)))
 operations = st.one_of(
@@ -65,6 +66,7 @@ def test_invariants_hold_at_every_step_and_every_request_finishes(
             plan = s.schedule(clock[0])
             if plan is not None:
                 assert plan.kv_used <= s.capacity
+                assert not any(rid in s for rid in plan.rejected)  # a rejected request is gone
                 inflight = plan if plan.pieces else None
             return
         out = s.complete(inflight)

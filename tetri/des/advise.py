@@ -9,7 +9,8 @@ lower mean JCT deciding among them, and a disaggregated setup only when it beats
 so. Colocated vllm-v1 is also tried admitting the least predicted work first (`queue_order` srpt, lengths
 from an oracle at the paper's 74.9%), and with either order putting the requests that waited past the
 SLO's TTFT after those that can still meet it (`ttft_target_s`), alone and with each of a few token
-budgets (`token_budget`: fewer prompt tokens an iteration, so lower TPOT, while the TTFT has slack); the
+budgets (`token_budget`: fewer prompt tokens an iteration, so lower TPOT, while the TTFT has slack), and,
+when asked (`ttft_misses`), rejecting those requests instead (`ttft_miss` reject: clients get 429); the
 result keeps every named baseline
 as vLLM runs it (FCFS, no predictor) under `baselines`. Beside it: TTFT and TPOT percentiles and the
 dollars per million output tokens (provisioned GPUs × the run's wall time × price).
@@ -28,7 +29,7 @@ import numpy as np
 
 from tetri.costmodel import default_chunk_size, load_profile
 from tetri.scheduling.colocated import BASELINES
-from tetri.scheduling.names import QUEUE_ORDERS
+from tetri.scheduling.names import QUEUE_ORDERS, TTFT_MISSES
 from tetri.scheduling.policyset import PolicySet
 
 from .cluster import ClusterConfig, simulate
@@ -58,6 +59,7 @@ class AdviceSpec:
     baselines: tuple[str, ...] = BASELINES
     queue_orders: tuple[str, ...] = QUEUE_ORDERS  # colocated vllm-v1 also tried with these (candidates())
     token_budgets: tuple[int, ...] = (256, 384, 512)  # and with these `token_budget`s (its TTFT target on)
+    ttft_misses: tuple[str, ...] = ("last",)  # and doing this with the requests past it (reject: only if asked)
     seed: int = 0
     modes: tuple[str, ...] = MODES  # which kinds of setup to consider (a running cluster's own: --mode)
 
@@ -72,6 +74,9 @@ class AdviceSpec:
             raise WorkloadSpecError(f"--mode must be any, {' or '.join(MODES)}, got {','.join(self.modes) or 'none'}")
         if self.modes == ("disaggregated",) and self.gpus < 2:
             raise WorkloadSpecError(f"a disaggregated setup needs at least 2 GPUs, got --gpus {self.gpus}")
+        if not self.ttft_misses or any(m not in TTFT_MISSES for m in self.ttft_misses):
+            got = ",".join(self.ttft_misses) or "none"
+            raise WorkloadSpecError(f"--ttft-miss must be one or more of {', '.join(TTFT_MISSES)}, got {got}")
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad or not self.baselines:
             raise WorkloadSpecError(f"unknown baseline {bad[0] if bad else ''!r} (choose from {', '.join(BASELINES)})")
@@ -99,7 +104,11 @@ class AdviceSpec:
         for order in self.queue_orders if "colocated" in self.modes and "vllm-v1" in self.baselines else ():
             known = ORACLE_74 if order == "srpt" else PolicySet()
             base = known.changed(colocated_schedule="vllm-v1", queue_order=order)
-            tried = [base.changed(ttft_target_s=target, token_budget=b) for b in (0, *self.token_budgets)]
+            tried = [
+                base.changed(ttft_target_s=target, ttft_miss=miss, token_budget=b)
+                for miss in self.ttft_misses
+                for b in (0, *self.token_budgets)
+            ]
             for pol in ([base] if order != "fcfs" else []) + tried:  # fcfs alone: the baseline itself
                 out.append({"mode": "colocated", "colocated": self.gpus, "baseline": None, "policies": pol.to_dict()})
         for p in range(1, self.gpus) if "disaggregated" in self.modes else ():
@@ -142,8 +151,9 @@ def outcome(result: RunResult, slo: SloSet, price: float, rate: float | None) ->
     tpots = [r.tpot for r in reqs if r.output_len > 1]
     tokens = sum(r.output_len for r in reqs)
     return {
-        "goodput_rps": (rate if rate is not None else len(reqs) / result.makespan) * m["slo_attainment"],
+        "goodput_rps": (rate if rate is not None else result.offered / result.makespan) * m["slo_attainment"],
         "within_slo": m["slo_attainment"],
+        "rejected": m["rejected"],
         "p50_ttft_s": float(np.percentile([r.ttft for r in reqs], 50)),
         "p99_ttft_s": m["p99_ttft_s"],
         "p50_tpot_s": float(np.percentile(tpots, 50)) if tpots else 0.0,

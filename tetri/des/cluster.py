@@ -53,7 +53,7 @@ from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import OraclePredictor, make_predictor
 from tetri.scheduling.routing import InstanceLoad, least_loaded
 
-from .records import FlipRecord, InstanceRecord, RequestRecord, RunResult
+from .records import FlipRecord, InstanceRecord, RejectedRecord, RequestRecord, RunResult
 from .slo import DEFAULT_SLO, SloSet
 from .trace import Seen
 from .workloads import Request
@@ -240,6 +240,7 @@ class _Sim:
         self.now = 0.0
         self.events = 0
         self.done = 0
+        self.rejected: list[RejectedRecord] = []
         self.flips: list[FlipRecord] = []
         self._flip_open: dict[str, tuple[FlipDecision, str, float, float | None]] = {}
         self.undispatched: deque[_Req] = deque()
@@ -340,6 +341,11 @@ class _Sim:
             self.on_plan(inst.iid, now, plan)
         for rid in plan.preempted:
             self.reqs[rid].preempt += 1
+        for rid in plan.rejected:
+            req = self.reqs[rid]
+            inst.outstanding -= 1
+            self.rejected.append(RejectedRecord(rid, req.arrival, now, inst.iid))
+            self._finish(req)
         for rid in plan.pulled:
             req = self.reqs[rid]
             assert req.p_inst is not None
@@ -552,7 +558,10 @@ class _Sim:
 
     def _result(self) -> RunResult:
         records = []
+        gone = {x.request_id for x in self.rejected}
         for r in sorted(self.reqs.values(), key=lambda x: x.seq):
+            if r.sched.request_id in gone:
+                continue
             assert r.prefill_start is not None and r.first_token is not None and r.finish is not None
             assert r.p_inst is not None
             records.append(
@@ -582,9 +591,10 @@ class _Sim:
             preemptions=self._total(1),
             padding_tokens=self._total(0),
             recomputed_tokens=self._total(2),
-            makespan=max((r.finish for r in records), default=0.0),
+            makespan=max((r.finish for r in self.reqs.values() if r.finish is not None), default=0.0),
             events=self.events,
             gpus=len(self.instances),
+            rejected=sorted(self.rejected, key=lambda x: self.reqs[x.request_id].seq),
         )
 
 

@@ -5,7 +5,8 @@ records.
   p99, linear interpolation between order statistics as `numpy.percentile` does).
 * SLO attainment = the share of requests within their class's TTFT and TPOT targets (`slo.py`; every
   table states the SLOs). Goodput = requests within their SLOs per second of wall time (first arrival →
-  last finish), as DistServe counts it (FACTS).
+  last finish), as DistServe counts it (FACTS). A request an instance rejected (`ttft_miss` reject) counts
+  in the share as outside its SLO; TTFT, TPOT and JCT are the served requests'.
 * Cost = provisioned GPUs × wall time (one instance = one GPU, paid for whether it runs or idles);
   `busy_s` (Σ iteration time) is reported beside it. perf/$ = goodput per dollar: requests within their
   SLOs per dollar of provisioned GPU time (`cost_usd` at the price per GPU-hour).
@@ -58,7 +59,7 @@ def summarize(result: RunResult, price_per_gpu_hour: float = 2.0, slo: SloSet = 
     tpot = np.array([r.tpot for r in reqs if r.output_len > 1])
     jct = np.array([r.jct for r in reqs])
     wait = np.array([r.prefill_wait for r in reqs])
-    n = len(reqs)
+    n = result.offered  # the rejected count as outside the SLO; the latencies are the served requests'
     good = sum(1 for r in reqs if slo.met(r))
     wall = result.makespan
     gpus = result.provisioned
@@ -77,6 +78,7 @@ def summarize(result: RunResult, price_per_gpu_hour: float = 2.0, slo: SloSet = 
         "avg_prefill_latency_s": _mean(ttft),
         "avg_prefill_wait_s": _mean(wait),
         "within_slo": good,
+        "rejected": len(result.rejected),
         "slo_attainment": good / n if n else 0.0,
         "goodput_rps": good / wall if wall else 0.0,
         "gpus": gpus,

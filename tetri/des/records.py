@@ -4,7 +4,7 @@ so every table and metric (`metrics.py`) works on either."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,17 @@ class RequestRecord:
         """Time per output token after the first, (JCT − TTFT) / (output − 1) (DistServe's, FACTS); 0 for a
         one-token answer (it has no decode)."""
         return (self.finish - self.first_token) / (self.output_len - 1) if self.output_len > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class RejectedRecord:
+    """A request its instance turned away (`ttft_miss` reject: it waited past its TTFT target), at
+    `rejected` seconds of model time; it produced nothing (the live daemon answered it 429)."""
+
+    request_id: str
+    arrival: float
+    rejected: float
+    instance: str
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,12 @@ class RunResult:
     makespan: float  # first arrival → last finish: the wall time the provisioned GPUs are paid for
     events: int
     gpus: int = 0  # instances provisioned (one GPU each), whether or not they ever ran; 0: len(instances)
+    rejected: list[RejectedRecord] = field(default_factory=list)  # not in `requests`: nothing was served
+
+    @property
+    def offered(self) -> int:
+        """Requests that arrived: those served and those rejected."""
+        return len(self.requests) + len(self.rejected)
 
     @property
     def provisioned(self) -> int:

@@ -40,6 +40,7 @@ verifies that used KV equals the sum of what the requests here hold and never ex
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 import itertools
@@ -110,6 +111,7 @@ class IterationPlan:
     admitted: tuple[str, ...] = ()  # admitted by the decode-admission policy (decode, colocated)
     preempted: tuple[str, ...] = ()  # preempted before it (most recently admitted first)
     pulled: tuple[str, ...] = ()  # decode: admitted requests whose KV is now pulled from the prefill instance
+    rejected: tuple[str, ...] = ()  # colocated, `ttft_miss` reject: requests dropped (gone from here) before it
 
 
 @dataclass(frozen=True)
@@ -474,10 +476,36 @@ class InstanceScheduler:
     # --- colocated role (tetri.scheduling.colocated) -----------------------------------------------------
 
     def _schedule_colocated(self) -> IterationPlan | None:
+        rejected = self._reject_late()
         schedule = self.policies.colocated_schedule
         if schedule == "vllm-v1":
-            return self._schedule_mixed()
-        return self._schedule_prefill_first(padded=schedule == "vllm-v0")
+            plan = self._schedule_mixed()
+        else:
+            plan = self._schedule_prefill_first(padded=schedule == "vllm-v0")
+        if not rejected:
+            return plan
+        if plan is None:
+            return IterationPlan("decode", (), 0.0, self._used, rejected=rejected)
+        return dataclasses.replace(plan, rejected=rejected)
+
+    def _reject_late(self) -> tuple[str, ...]:
+        """`ttft_miss` reject (with `ttft_target_s`): the requests not started that have waited past the
+        target leave now, rather than wait behind those that can still meet theirs; the shell answers
+        each 429 (the client may retry elsewhere) and records it rejected. The requests not started are in
+        arrival order in the queue (after the preempted), so the late ones are the first of them."""
+        target, now = self.policies.ttft_target_s, self._now
+        if self.policies.ttft_miss != "reject" or not target or now is None:
+            return ()
+        late: list[str] = []
+        for r in self._waiting:
+            if self._started(r):
+                continue
+            if now - r.req.arrival <= target:
+                break
+            late.append(r.req.request_id)
+        for rid in late:
+            self.abort(rid)
+        return tuple(late)
 
     def _start_prefill(self, r: _Req) -> int:
         """Admit a waiting request to its (re-)prefill, charging its whole context; returns that context."""

@@ -14,7 +14,7 @@ from typing import Any
 from .colocated import COLOCATED_SCHEDULES
 from .dispatch import DISPATCH_POLICIES
 from .flip import FLIP_POLICIES
-from .names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS
+from .names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS, TTFT_MISSES
 from .prefill import PREFILL_POLICIES
 
 
@@ -44,6 +44,7 @@ class PolicySet:
     aging_admissions: int = 256  # srpt: a request waiting while this many others are admitted goes first
     ttft_target_s: float = 0.0  # colocated: requests that waited past it go after those that can meet it
     # (until aging_admissions others were admitted); 0: off
+    ttft_miss: str = "last"  # last (as above) | reject: a request past ttft_target_s leaves, answered 429
     token_budget: int = 0  # vllm-v1: tokens an iteration while no prompt is urgent (instance.py); 0: the
     # engine's max_num_batched_tokens
 
@@ -57,6 +58,7 @@ class PolicySet:
             "flip_policy": FLIP_POLICIES,
             "colocated_schedule": COLOCATED_SCHEDULES,
             "queue_order": QUEUE_ORDERS,
+            "ttft_miss": TTFT_MISSES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -27,6 +27,11 @@ class EngineError(RuntimeError):
     """A request the engine cannot serve (too long, aborted, KV lost)."""
 
 
+class Rejected(EngineError):
+    """The engine turned a request away before its first token (`ttft_miss` reject: it waited past its
+    TTFT target); nothing was produced, so the client may retry (the daemon answers 429)."""
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     request_id: str

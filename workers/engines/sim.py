@@ -35,7 +35,15 @@ from tetri.costmodel import CostModel, Profile
 from tetri.loopqueue import LoopQueue
 from tetri.scheduling.instance import ROLES, InstanceScheduler, IterationPlan, Outcome, SchedRequest
 from tetri.scheduling.policyset import PolicySet
-from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
+from workers.engines.base import (
+    Engine,
+    EngineError,
+    EngineRequest,
+    EngineUsage,
+    KVHandle,
+    PrefillOutput,
+    Rejected,
+)
 
 TOKENS_PER_S_WINDOW_S = 1.0  # model seconds over which usage().tokens_per_s counts tokens
 
@@ -358,6 +366,13 @@ class SimEngine(Engine):
                 fut.exception()  # a caller that went away must not leave "exception never retrieved"
         self._wake.set()
 
+    def _rejected(self, rid: str) -> None:
+        """The scheduler dropped a request that waited past its TTFT target: its stream ends with why."""
+        seq = self._seqs.pop(rid, None)
+        if seq is not None and seq.queue is not None:
+            target = self.sched.policies.ttft_target_s
+            seq.queue.put_nowait(Rejected(f"request {rid} waited past its {target:g} s TTFT target: rejected"))
+
     def _fail_all(self, error: EngineError) -> None:
         for seq in list(self._seqs.values()):
             self._drop(seq, error, quiet=False)
@@ -397,6 +412,8 @@ class SimEngine(Engine):
                         self.on_plan(start, plan)
                     for rid in plan.pulled:
                         self._pulled(rid, start)
+                    for rid in plan.rejected:
+                        self._rejected(rid)
                 if plan is None or not plan.pieces:
                     ended = None
                     self._wake.clear()
