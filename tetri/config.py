@@ -194,6 +194,10 @@ class WorkerSettings(BaseSettings):
     max_model_len: int | None = Field(None, ge=16, description="vllm: context length (default: the model's).")
     block_size: int | None = Field(None, ge=1, description="vllm: KV block size (default: the platform's).")
     max_num_seqs: int = Field(64, ge=1, description="vllm: most sequences in a batch.")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="vllm: vLLM's scheduling policy; priority lets a colocated engine take queue_order srpt.",
+    )
     idle_spin_s: float | None = Field(
         None,
         ge=0,

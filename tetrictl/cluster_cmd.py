@@ -165,6 +165,10 @@ def worker_start(
     kv_both: Annotated[bool, typer.Option("--kv-both", help="vllm: kv_both connector role (flips in place).")] = False,
     on_missing_kv: Annotated[str | None, typer.Option(help="vllm decode: error or recompute.")] = None,
     chunk_size: Annotated[int | None, typer.Option(help="vllm: max_num_batched_tokens (ChunkSize).")] = None,
+    scheduling_policy: Annotated[
+        str | None,
+        typer.Option(help="vllm: fcfs (vLLM's default) or priority (colocated: takes --queue-order srpt)."),
+    ] = None,
     max_model_len: Annotated[int | None, typer.Option(help="vllm: context length.")] = None,
     block_size: Annotated[int | None, typer.Option(help="vllm: KV block size.")] = None,
     dtype: Annotated[str | None, typer.Option(help="vllm: auto, float32, bfloat16 or float16.")] = None,
@@ -213,6 +217,7 @@ def worker_start(
         ("--kv-lease-s", kv_lease_s),
         ("--on-missing-kv", on_missing_kv),
         ("--chunk-size", chunk_size),
+        ("--scheduling-policy", scheduling_policy),
         ("--max-model-len", max_model_len),
         ("--block-size", block_size),
         ("--dtype", dtype),

@@ -89,6 +89,7 @@ def _engine(settings: WorkerSettings, instance_id: str) -> Engine:
             max_model_len=settings.max_model_len,
             block_size=settings.block_size,
             max_num_seqs=settings.max_num_seqs,
+            scheduling_policy=settings.scheduling_policy,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             dtype=settings.dtype,
             idle_spin_s=settings.idle_spin_s,
@@ -236,7 +237,7 @@ if __name__ == "__main__":
         ap.add_argument(f"--{flag}")
     for flag in ("kv-store", "on-missing-kv", "profiles-file", "dtype", "served-model-name", "tokenizer"):
         ap.add_argument(f"--{flag}")
-    for flag in ("engine-cpus", "log-level", "log-file", "log-format"):
+    for flag in ("engine-cpus", "log-level", "log-file", "log-format", "scheduling-policy"):
         ap.add_argument(f"--{flag}")
     ap.add_argument("--kv-both", action="store_true", default=None)
     for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
@@ -286,6 +287,7 @@ if __name__ == "__main__":
             max_model_len=a.max_model_len,
             block_size=a.block_size,
             max_num_seqs=a.max_num_seqs,
+            scheduling_policy=a.scheduling_policy,
             log_level=a.log_level,
             log_file=a.log_file,
             log_format=a.log_format,

@@ -61,6 +61,15 @@ def remaining(predicted: tuple[int, int] | None, max_tokens: int, produced: int,
     return max(1, predicted_total(predicted, max_tokens, point) - produced)
 
 
+def srpt_work(prompt_len: int, token_budget: int | None, remaining_tokens: int | None) -> float:
+    """`queue_order` srpt's key: the iterations a request not started yet would take, as far as they are
+    known — its prompt's share of iterations (`token_budget` tokens an iteration; None: a decode
+    instance, whose requests bring their prompt's KV) and its predicted tokens still to produce (None:
+    no prediction, which counts nothing: max_tokens is a client's limit, not a length)."""
+    prompt = prompt_len / token_budget if token_budget else 0.0
+    return prompt + (remaining_tokens or 0)
+
+
 @dataclass(frozen=True)
 class Running:
     request_id: str

@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 from tetri.costmodel import CostModel
 
-from .admission import Running, Waiting, admit, predicted_growth, remaining
+from .admission import Running, Waiting, admit, predicted_growth, remaining, srpt_work
 from .policyset import PolicySet
 from .prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
 
@@ -718,12 +718,10 @@ class InstanceScheduler:
         return r.req.prompt_len + r.n_out - 1  # decode: the prompt and the output tokens fed so far
 
     def _work(self, r: _Req) -> float:
-        """srpt's key: the iterations a request not started yet would take, as far as they are known — its
-        prompt's share of iterations (colocated: a prompt shares each iteration's token budget) and its
-        predicted output (the predictor's range at the reserve point). Without a prediction the output
-        counts nothing: max_tokens is a client's limit, not a length."""
-        prompt = r.req.prompt_len / self.token_budget if self.role == "colocated" else 0.0
-        return prompt + (self._remaining(r) if r.req.predicted is not None else 0)
+        """srpt's key (`srpt_work`): a colocated prompt shares each iteration's token budget; the output
+        counts at the predicted range's reserve point."""
+        budget = self.token_budget if self.role == "colocated" else None
+        return srpt_work(r.req.prompt_len, budget, self._remaining(r) if r.req.predicted is not None else None)
 
     def _started(self, r: _Req) -> bool:
         """A preempted request: it goes first, as in vLLM (its client has part of its answer)."""

@@ -10,7 +10,11 @@
   capacity, blocks × block size; the instance scheduler's "remaining" rule), then continues
   ``prompt + [first token]`` with the connector as consumer, streaming tokens. vLLM reports how many
   prompt tokens came from the connector (``num_cached_tokens``, prefix caching off): `kv_loaded`.
-* colocated role: vLLM as is (the vanilla baseline): one engine, both phases, its own scheduler.
+* colocated role: vLLM as is (the vanilla baseline): one engine, both phases, its own scheduler. Started
+  with ``scheduling_policy="priority"`` (vLLM's ``--scheduling-policy``), it takes `queue_order` srpt:
+  each request goes in with the srpt key as its priority (`srpt_work`: lower first), fcfs gives every
+  request the same (vLLM then orders by arrival). vLLM fixes a priority when the request is added, so
+  aging does not apply; `ttft_target_s`, `ttft_miss` and `token_budget` are the sim engine's only.
 
 ChunkSize is vLLM's ``max_num_batched_tokens`` (chunked prefill on), fixed when the engine starts.
 Sampling is the request's (`EngineRequest.sampling`: greedy unless the daemon says otherwise). With
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tetri.scheduling.admission import Running, Waiting, admit, predicted_growth, remaining
+from tetri.scheduling.admission import Running, Waiting, admit, predicted_growth, remaining, srpt_work
 from tetri.scheduling.instance import is_heavy
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import FixedBatchPrefill, PrefillItem
@@ -85,6 +89,7 @@ class VllmOptions:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = True
     dtype: str = "auto"  # weights and KV: auto (the model's), float32, bfloat16, float16
+    scheduling_policy: str = "fcfs"  # vLLM's: fcfs | priority (colocated: queue_order srpt applies)
     connector_extra: tuple[tuple[str, Any], ...] = ()
     # how long the engine's idle processes busy-wait for the next message before they park (`plugin`);
     # None: IDLE_SPIN_S for a prefill engine (one step per prompt: it would otherwise spin a second after
@@ -192,6 +197,7 @@ class VllmEngine(Engine):
             "gpu_memory_utilization": o.gpu_memory_utilization,
             "disable_log_stats": False,
             "dtype": o.dtype,
+            "scheduling_policy": o.scheduling_policy,
             "kv_transfer_config": KVTransferConfig(**kv) if kv else None,
         }
         if o.max_model_len:
@@ -448,7 +454,8 @@ class VllmEngine(Engine):
         self._active += 1
         try:
             prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
-            async for out in self._llm.generate(prompt, sp, req.request_id):
+            priority = self._priority(req)
+            async for out in self._llm.generate(prompt, sp, req.request_id, priority=priority):
                 toks = out.outputs[0].token_ids if out.outputs else []
                 for t in toks[seen:]:
                     self._count(1)
@@ -456,6 +463,15 @@ class VllmEngine(Engine):
                 seen = len(toks)
         finally:
             self._active -= 1
+
+    def _priority(self, req: EngineRequest) -> int:
+        """vLLM's priority for a colocated request (lower first): srpt's key in hundredths, when vLLM runs
+        its priority policy and `queue_order` is srpt; otherwise 0 (vLLM's fcfs refuses any other)."""
+        if self.options.scheduling_policy != "priority" or self.policies.queue_order != "srpt":
+            return 0
+        pred = req.predicted_output
+        left = remaining(pred, req.max_tokens, 1, self.policies.reserve_point) if pred is not None else None
+        return round(100 * srpt_work(len(req.prompt_token_ids), self._batched, left))
 
     # --- the rest of the interface ----------------------------------------------------------------------
     async def release_kv(self, request_id: str) -> None:
