@@ -84,6 +84,14 @@ class LearnedPredictor:
     trained_on: int = 0
     accuracy: float | None = None  # on the held-out part of the last fit
     _prior: int = field(default=0, repr=False)
+    # the log token count standardised over the last fit's prompts: unscaled (6–8 for prompts of hundreds
+    # or thousands of tokens) it made gradient descent diverge on some training sets
+    _length: tuple[float, float] = field(default=(0.0, 1.0), repr=False)
+
+    def _features(self, prompt_token_ids: Sequence[int]) -> np.ndarray:
+        v = features(prompt_token_ids, self.dims)
+        v[0] = (v[0] - self._length[0]) / self._length[1]
+        return v
 
     def fit(
         self,
@@ -98,6 +106,9 @@ class LearnedPredictor:
         if len(prompts) != len(outputs) or not prompts:
             raise ValueError("need as many output lengths as prompts, at least one")
         x = np.stack([features(p, self.dims) for p in prompts])
+        sd = float(x[:, 0].std())
+        self._length = (float(x[:, 0].mean()), sd if sd > 1e-9 else 1.0)
+        x[:, 0] = (x[:, 0] - self._length[0]) / self._length[1]
         y = np.minimum(np.array([bucket_of(o, self.granularity) for o in outputs]), self.buckets - 1)
         rng = np.random.default_rng(seed)
         idx = rng.permutation(len(y))
@@ -120,7 +131,7 @@ class LearnedPredictor:
     def predict(self, prompt_token_ids: Sequence[int], request_id: str, true_output: int | None = None) -> Range:
         if self.weights is None:
             return bucket_range(self._prior, self.granularity)
-        b = int((features(prompt_token_ids, self.dims) @ self.weights).argmax())
+        b = int((self._features(prompt_token_ids) @ self.weights).argmax())
         return bucket_range(b, self.granularity)
 
 
