@@ -332,6 +332,6 @@ class Run:
             return _Refused(ev.error)
         if ev.finish_reason == "error":
             return Failed(f"instance {name}: {ev.error}")
-        if ev.finish_reason == "rejected":
-            return Failed(f"instance {name}: {ev.error}", Status.REJECTED)
+        if ev.finish_reason == "rejected":  # before its first token; after one (a bug) it is a failure
+            return Failed(f"instance {name}: {ev.error}", Status.REJECTED if fl.produced == 0 else Status.FAILED)
         return Finished(ev.finish_reason or "length", fl.produced)

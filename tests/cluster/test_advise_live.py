@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tetri.des.advise import AdviceSpec, offered_rate, outcome
+from tetri.des.mixes import make_mix
 from tetri.des.slo import parse_slos
 from tetri.des.trace import read_trace
 from tetri.des.workloads import make_workload
@@ -67,3 +68,39 @@ def test_advise_on_an_exported_trace_applies_and_the_live_rerun_gets_the_predict
     spec = AdviceSpec(profile=PROFILE, gpus=4, slo=parse_slos(SLO))
     live = outcome(result, spec.slo, spec.price, offered_rate(trace))
     assert live["goodput_rps"] == pytest.approx(advice["outcome"]["goodput_rps"], rel=0.10)
+
+
+def test_past_vllm_v1s_capacity_the_advised_colocated_policies_get_the_predicted_goodput(tmp_path: Path):
+    """An overloaded point of the SLO matrix's chat mix (docs/bench.md): 240 requests at 400 req/s on 4 GPUs,
+    where vllm-v1 serves under half within TTFT ≤ 0.5 s and TPOT ≤ 50 ms. An operator of a colocated vllm-v1
+    cluster exports the history, advises among the colocated setups (rejecting allowed), applies it in place
+    (policies only) and serves the same trace again: the live goodput and rejections are the predicted."""
+    chat_scale = 0.2
+    c = start_cluster(tmp_path, ["colocated"] * 4, mode="colocated", profile=PROFILE, time_scale=chat_scale)
+    slo = "ttft=0.5,tpot=0.05"
+    try:
+        with httpx.Client(base_url=c.url, timeout=10) as h:  # vLLM v1's schedule, as vLLM runs it
+            assert h.put("/api/v1/policies", json={"colocated_schedule": "vllm-v1"}).status_code == 200
+        replay_on(c.url, make_mix("chat", 240, 400.0, seed=0), chat_scale, 4)
+        trace_file = tmp_path / "trace.jsonl"
+        r = tetrictl("requests", "export", "--url", c.url, "--out", str(trace_file))
+        assert r.returncode == 0, r.stderr
+        trace = read_trace(trace_file.read_text().splitlines())
+        args = ["advise", "--trace", str(trace_file), "--profile", PROFILE, "--gpus", "4", "--mode", "colocated"]
+        args += ["--baseline", "vllm-v1", "--slo", slo, "--ttft-miss", "last,reject", "--apply", "--url", c.url]
+        r = tetrictl(*args, "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        advice = doc["advice"]
+        assert advice["mode"] == "colocated" and advice["policies"]["ttft_target_s"] == 0.5
+        base = doc["baselines"]["vllm-v1"]["outcome"]["goodput_rps"]
+        assert advice["outcome"]["goodput_rps"] >= 1.3 * base  # the matrix's win, on this history
+        with httpx.Client(base_url=c.url, timeout=10) as h:
+            policies = h.get("/api/v1/policies").json()["policies"]
+        assert all(policies[k] == advice["policies"][k] for k in doc["applied"]["changed"])
+        result = replay_on(c.url, trace, chat_scale, 4)
+    finally:
+        c.stop()
+    live = outcome(result, parse_slos([slo]), 2.0, offered_rate(trace))
+    assert live["goodput_rps"] == pytest.approx(advice["outcome"]["goodput_rps"], rel=0.10)
+    assert live["rejected"] == pytest.approx(advice["outcome"]["rejected"], abs=0.05 * len(trace))

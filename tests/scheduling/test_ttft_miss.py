@@ -81,3 +81,34 @@ def test_the_choice_is_a_validated_policy_field() -> None:
     assert PolicySet().ttft_miss == "last"
     with pytest.raises(PolicyError, match="ttft_miss"):
         PolicySet(ttft_miss="drop")
+
+
+def test_a_migrated_request_is_never_rejected_and_goes_first() -> None:
+    """A request resumed on this instance after its first one died has streamed tokens already: it is not
+    late whatever it waits, and it goes before the requests not started (as a preempted one does)."""
+    s = InstanceScheduler("colocated", COST, REJECT, max_num_seqs=1)
+    s.add(SchedRequest("busy", 10, 100, arrival=0.0, output_len=100))
+    plan = s.schedule(0.0)
+    assert plan is not None
+    s.complete(plan)
+    s.add(SchedRequest("new", 100, 100, arrival=0.0, output_len=5))
+    s.add(SchedRequest("moved", 120, 100, arrival=0.0, output_len=5, resumed=True))
+    plan = s.schedule(5.0)
+    assert plan is not None and plan.rejected == ("new",) and "moved" in s
+    s.abort("busy")
+    plan = s.schedule(5.0)
+    assert plan is not None and plan.admitted == ("moved",)
+
+
+def test_a_small_budget_still_gives_a_prompt_a_token_beside_many_decodes() -> None:
+    pol = PolicySet(colocated_schedule="vllm-v1", token_budget=2)
+    s = InstanceScheduler("colocated", COST, pol)
+    for i in range(3):
+        s.add(SchedRequest(f"d{i}", 1, 100, arrival=0.0, output_len=50))
+    for _ in range(3):
+        plan = s.schedule(0.0)
+        assert plan is not None
+        s.complete(plan)
+    s.add(SchedRequest("p", 50, 100, arrival=0.0, output_len=5))
+    plan = s.schedule(0.0)
+    assert plan is not None and ("p", 0, 1) in [tuple(x) for x in plan.pieces]  # 3 decodes + 1 prompt token

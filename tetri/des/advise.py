@@ -97,7 +97,6 @@ class AdviceSpec:
             pol = PolicySet(colocated_schedule=b)
             out.append({"mode": "colocated", "colocated": self.gpus, "baseline": b, "policies": pol.to_dict()})
         # vllm-v1 with Tetri's waiting order: srpt (lengths at 74.9%), and either order putting the requests
-        # past the SLO's TTFT after those that can still meet it
         # past the SLO's TTFT after those that can still meet it; with that target, each token budget
         # (fewer prompt tokens an iteration while no prompt is urgent)
         target = self.slo.default.ttft_s
@@ -154,7 +153,7 @@ def outcome(result: RunResult, slo: SloSet, price: float, rate: float | None) ->
         "goodput_rps": (rate if rate is not None else result.offered / result.makespan) * m["slo_attainment"],
         "within_slo": m["slo_attainment"],
         "rejected": m["rejected"],
-        "p50_ttft_s": float(np.percentile([r.ttft for r in reqs], 50)),
+        "p50_ttft_s": float(np.percentile([r.ttft for r in reqs], 50)) if reqs else 0.0,
         "p99_ttft_s": m["p99_ttft_s"],
         "p50_tpot_s": float(np.percentile(tpots, 50)) if tpots else 0.0,
         "p99_tpot_s": m["p99_tpot_s"],

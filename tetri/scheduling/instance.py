@@ -82,6 +82,9 @@ class SchedRequest:
     predicted: tuple[int, int] | None = None
     output_len: int | None = None
     arrival: float = 0.0  # model seconds it reached this instance (`ttft_target_s`)
+    # colocated: a migrated request whose client already has part of its answer (the prompt carries the
+    # tokens streamed): started, like a preempted one — it goes first and is never late or rejected
+    resumed: bool = False
 
     @property
     def stop_at(self) -> int:
@@ -245,7 +248,10 @@ class InstanceScheduler:
         else:
             r = _Req(req, Phase.WAITING, 0, next(self._arrivals))
         self._reqs[req.request_id] = r
-        self._waiting.append(r)
+        if req.resumed and self.role == "colocated":  # the started are the queue's front (`_srpt`, `_budget`)
+            self._waiting.appendleft(r)
+        else:
+            self._waiting.append(r)
         if self.role != "prefill":  # the srpt order's queue, kept whatever the order (it is hot-swapped)
             r.since = self._admissions
             heapq.heappush(self._by_work, (self._work(r), r.seq, r))
@@ -602,6 +608,7 @@ class InstanceScheduler:
         small = self.policies.token_budget
         if not small or small >= self.token_budget:
             return self.token_budget
+        small = max(small, len(self._running) + 1)  # the decodes, and at least a token of prompt
         target, now = self.policies.ttft_target_s, self._now
         if target and now is not None:
             # the waiting queue holds the preempted first, then the others in arrival order (srpt takes
@@ -724,8 +731,9 @@ class InstanceScheduler:
         return srpt_work(r.req.prompt_len, budget, self._remaining(r) if r.req.predicted is not None else None)
 
     def _started(self, r: _Req) -> bool:
-        """A preempted request: it goes first, as in vLLM (its client has part of its answer)."""
-        return r.recompute or (self.role == "colocated" and r.n_out > 0)
+        """A preempted (or, colocated, resumed) request: it goes first, as in vLLM (its client has part of
+        its answer)."""
+        return r.recompute or (self.role == "colocated" and (r.n_out > 0 or r.req.resumed))
 
     def _srpt(self, room: int) -> list[_Req]:
         """srpt: the preempted first, then the requests that waited while `aging_admissions` others were

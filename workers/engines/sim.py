@@ -336,7 +336,12 @@ class SimEngine(Engine):
         seq = _Seq(req)
         self.sched.add(
             SchedRequest(
-                req.request_id, req.prompt_len, req.max_tokens, req.predicted_output, arrival=self._clock.now()
+                req.request_id,
+                req.prompt_len,
+                req.max_tokens,
+                req.predicted_output,
+                arrival=self._clock.now(),
+                resumed=req.resumed_tokens > 0,
             ),
             produced=produced,
         )

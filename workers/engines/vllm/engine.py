@@ -466,7 +466,7 @@ class VllmEngine(Engine):
 
     def _priority(self, req: EngineRequest) -> int:
         """vLLM's priority for a colocated request (lower first): srpt's key in hundredths, when vLLM runs
-        its priority policy and `queue_order` is srpt; otherwise 0 (vLLM's fcfs refuses any other)."""
+        its priority policy and `queue_order` is srpt; otherwise 0 (vLLM orders equal priorities by arrival)."""
         if self.options.scheduling_policy != "priority" or self.policies.queue_order != "srpt":
             return 0
         pred = req.predicted_output
