@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from tetri.clock import ClusterClock
 from tetri.scheduling.minindex import MinIndex
 from tetri.scheduling.policyset import PolicySet
-from tetri.scheduling.routing import InstanceLoad, load_key
+from tetri.scheduling.routing import InstanceLoad, choose_path, load_key
 
 from .db.writer import BatchWriter
 
@@ -397,15 +397,31 @@ class Cluster:
             for iid in idx
         ]
 
-    def entry(self, model: str, exclude: frozenset[str] = frozenset()) -> Instance | None:
-        """Where a request for `model` starts (TetriInfer §3.2): the least-loaded active colocated instance
-        when the model has any, else the least-loaded active prefill instance provided an active decode
-        instance can take its hand-over; none of `exclude`. None: no instance can take it now."""
+    def entry(
+        self,
+        model: str,
+        exclude: frozenset[str] = frozenset(),
+        prompt_len: int = 0,
+        predicted: tuple[int, int] | None = None,
+    ) -> Instance | None:
+        """Where a request for `model` starts (TetriInfer §3.2): the least-loaded active colocated instance,
+        or the least-loaded active prefill instance provided an active decode instance can take its
+        hand-over; none of `exclude`. When the model has both, the policies' `pd_route` chooses between them
+        for this request (`choose_path`: its prompt length, predicted output range and the two entries'
+        loads). None: no instance can take it now."""
         routes = self._index()
-        entry = routes.get(("colocated", model)) or routes.get(("prefill", model))
-        if not entry or (("colocated", model) not in routes and not routes.get(("decode", model))):
-            return None
-        pick = entry.best(exclude)
+        colocated = routes.get(("colocated", model))
+        c = colocated.best(exclude) if colocated else None
+        prefill = routes.get(("prefill", model)) if routes.get(("decode", model)) else None
+        p = prefill.best(exclude) if prefill else None
+        if c is not None and p is not None:
+            pol = self.policies
+            c_load, p_load = self.instances[c].snapshot(), self.instances[p].snapshot()
+            path = choose_path(
+                pol.pd_route, prompt_len, predicted, c_load, p_load, pol.pd_prompt_tokens, pol.pd_output_tokens
+            )
+            return self.instances[c if path == "colocated" else p]
+        pick = c if c is not None else p
         return None if pick is None else self.instances[pick]
 
     def catalog(self) -> dict[str, ModelEntry]:

@@ -1,8 +1,8 @@
 """Instance flips (TetriInfer §3.5), carried out by the daemon: manual (admin API) or decided by the
 transition watcher (`tetri.scheduling.flip`, a pure policy).
 
-Protocol: validate (known instance, prefill/decode, not already flipping, never the last active
-instance of its role) → record the flip → mark the instance draining in the registry (no new requests
+Protocol: validate (known instance, to another of the three roles, not already flipping, never leaving
+its model unserved: `flip_refusal`) → record the flip → mark the instance draining in the registry (no new requests
 are routed to it, and the decode-load broadcast tells prefill instances to stop sending to it) → the
 worker's Flip RPC drains queued and running work and changes role → the registry takes the new role
 and the instance is active again, announced in the next broadcast. Each flip is a row in `flips`
@@ -25,13 +25,14 @@ import asyncio
 import logging
 import multiprocessing
 import signal
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from tetri.des.flipadvisor import SplitAdvisor
 from tetri.des.trace import Seen
-from tetri.scheduling.flip import InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
+from tetri.scheduling.flip import ROLES, InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
 
 from .cluster import Cluster, Instance
 from .db.store import Store
@@ -74,9 +75,12 @@ class Flipper:
         inst = self.cluster.instances.get(instance_id)
         if inst is None:
             raise FlipError(404, f"no instance {instance_id!r}")
+        if to_role is None and inst.role == "colocated":
+            raise FlipError(400, f"to: required for colocated instance {inst.id} (prefill or decode)")
         to = to_role or ("decode" if inst.role == "prefill" else "prefill")
         state = "flipping" if inst.flip_pending else inst.state
-        refusal = flip_refusal(inst.id, inst.role, state, to, len(self.cluster.healthy(inst.role)))
+        active = Counter(i.role for i in self.cluster.healthy(*ROLES, model=inst.model))
+        refusal = flip_refusal(inst.id, inst.role, state, to, active)
         if refusal is not None:
             raise FlipError(400 if refusal.param == "to" else 409, refusal.reason)
         return inst, to

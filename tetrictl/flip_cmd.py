@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tetri.scheduling.flip import FLIP_POLICIES
+from tetri.scheduling.flip import FLIP_POLICIES, ROLES
 
 from .client import ClientError, TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
@@ -50,8 +50,11 @@ async def wait_flip(c: TetriClient, flip_id: int, timeout: float) -> dict[str, A
 
 
 def flip(
-    instance_id: Annotated[str, typer.Argument(help="The prefill or decode instance to flip.")],
-    to: Annotated[str | None, typer.Option("--to", help="prefill or decode (default: the other role).")] = None,
+    instance_id: Annotated[str, typer.Argument(help="The instance to flip.")],
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="colocated, prefill or decode (default: prefill ⇄ decode)."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it has drained and changed role.")] = False,
     timeout: Annotated[float, typer.Option(help="With --wait: give up waiting after this many seconds.")] = 600.0,
     reason: Annotated[str, typer.Option(help="Recorded in the flips table.")] = "manual",
@@ -60,10 +63,10 @@ def flip(
     config: CtlConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Flip an instance to the other role: it stops taking work, drains, changes role and announces it.
-    Exit 1 when the daemon refuses (already flipping, the last instance of its role)."""
-    if to is not None and to not in ("prefill", "decode"):
-        fail(f"--to must be prefill or decode, not {to!r}")
+    """Flip an instance to another role: it stops taking work, drains, changes role and announces it.
+    Exit 1 when the daemon refuses (already flipping, nothing else could serve while it drains)."""
+    if to is not None and to not in ROLES:
+        fail(f"--to must be colocated, prefill or decode, not {to!r}")
     if timeout <= 0:
         fail("--timeout must be positive")
 

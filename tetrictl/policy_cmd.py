@@ -9,6 +9,7 @@ from tetri.scheduling.colocated import COLOCATED_SCHEDULES
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
 from tetri.scheduling.names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS, TTFT_MISSES
 from tetri.scheduling.prefill import PREFILL_POLICIES
+from tetri.scheduling.routing import PD_ROUTES
 
 from .client import TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
@@ -97,6 +98,26 @@ def set_(
             "(fewer prompt tokens beside the decodes: lower TPOT); 0: the engine's max_num_batched_tokens.",
         ),
     ] = None,
+    pd_route: Annotated[
+        str | None,
+        typer.Option(
+            "--pd-route",
+            help=f"Where the model has colocated and prefill/decode instances, each request runs colocated or "
+            f"split by: {_choices(PD_ROUTES)} (role: colocated; split: split; length: split the prompts of "
+            "--pd-prompt-tokens or more and, with --pd-output-tokens, the long predicted outputs, unless that path "
+            "is backed up).",
+        ),
+    ] = None,
+    pd_prompt_tokens: Annotated[
+        int | None, typer.Option("--pd-prompt-tokens", help="--pd-route length: prompts this long run split (≥ 1).")
+    ] = None,
+    pd_output_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--pd-output-tokens",
+            help="--pd-route length: and requests predicted to produce this many tokens (0: not considered).",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -120,12 +141,16 @@ def set_(
         "ttft_target_s": ttft_target,
         "ttft_miss": ttft_miss,
         "token_budget": token_budget,
+        "pd_route": pd_route,
+        "pd_prompt_tokens": pd_prompt_tokens,
+        "pd_output_tokens": pd_output_tokens,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:
         fail(
             "nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode"
-            " --reserve-point --colocated-schedule --queue-order --aging --ttft-target --ttft-miss --token-budget …"
+            " --reserve-point --colocated-schedule --queue-order --aging --ttft-target --ttft-miss --token-budget"
+            " --pd-route …"
         )
 
     async def body(c: TetriClient) -> dict[str, Any]:

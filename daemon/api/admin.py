@@ -260,7 +260,7 @@ async def flip(
     body = body or {}
     to = body.get("to")
     if to is not None and not isinstance(to, str):
-        raise HTTPException(400, detail={"message": "to: must be prefill or decode", "param": "to"})
+        raise HTTPException(400, detail={"message": "to: must be colocated, prefill or decode", "param": "to"})
     try:
         return await request.app.state.flipper.start(
             instance_id, to, str(body.get("reason", "manual")), identity(request)

@@ -143,7 +143,7 @@ def test_bad_flips_are_refused_and_change_nothing(cluster: LiveCluster):
     with httpx.Client(base_url=cluster.url, timeout=30) as h:
         assert h.post("/api/v1/instances/nope/flip").status_code == 404
         d1, d2 = cluster.started_as("decode")
-        r = h.post(f"/api/v1/instances/{d1}/flip", json={"to": "colocated"})
+        r = h.post(f"/api/v1/instances/{d1}/flip", json={"to": "router"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "to"
         assert h.post(f"/api/v1/instances/{d1}/flip", json={"to": "decode"}).status_code == 409
         busy = _long_streams(cluster.url, 6)  # decode work to drain: the flip stays in progress a while

@@ -611,8 +611,8 @@ def test_worker_client_answers_in_plain_data() -> None:
                 assert (info.instance_id, info.role, info.load.state) == ("d1", "decode", "active")
                 assert isinstance(info.load, LoadReport) and info.load.kv_capacity_tokens == d1.engine.kv_capacity
                 assert not await client.cancel(d1.address, "nobody", timeout=5)
-                refused = await client.flip(c1.address, "decode", timeout=5)
-                assert not refused.ok and "colocated" in refused.reason
+                refused = await client.flip(c1.address, "router", timeout=5)
+                assert not refused.ok and "must be colocated, prefill or decode" in refused.reason
                 plan = await client.set_plan(p1.address, ["a", "b"], timeout=5)
                 assert not plan.ok and "prefill" in plan.reason
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.cluster import Cluster, Instance, LoadReport, Registration
-from tetri.scheduling.routing import least_loaded
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.routing import PD_ROUTES, choose_path, least_loaded
 
 IDS = [f"w{i}" for i in range(7)]
 MODELS = ["m1", "m2"]
@@ -24,12 +25,19 @@ def scan(cluster: Cluster, role: str, model: str | None = None) -> list[Instance
     ]
 
 
-def scan_entry(cluster: Cluster, model: str, exclude: frozenset[str]) -> str | None:
-    colocated = scan(cluster, "colocated", model)
-    candidates = [i for i in (colocated or scan(cluster, "prefill", model)) if i.id not in exclude]
-    if not candidates or (candidates[0].role == "prefill" and not scan(cluster, "decode", model)):
-        return None
-    return least_loaded([i.snapshot() for i in candidates])
+def scan_entry(cluster: Cluster, model: str, exclude: frozenset[str], prompt_len: int = 0) -> str | None:
+    """The least-loaded colocated and prefill entries by a scan; the policies' route between them."""
+    colocated = [i.snapshot() for i in scan(cluster, "colocated", model) if i.id not in exclude]
+    prefill = [i.snapshot() for i in scan(cluster, "prefill", model) if i.id not in exclude]
+    c = least_loaded(colocated)
+    p = least_loaded(prefill) if scan(cluster, "decode", model) else None
+    if c is None or p is None:
+        return c if c is not None else p
+    pol = cluster.policies
+    c_load = next(x for x in colocated if x.instance_id == c)
+    p_load = next(x for x in prefill if x.instance_id == p)
+    path = choose_path(pol.pd_route, prompt_len, None, c_load, p_load, pol.pd_prompt_tokens, pol.pd_output_tokens)
+    return c if path == "colocated" else p
 
 
 ident = st.sampled_from(IDS)
@@ -54,7 +62,8 @@ op = st.one_of(
     st.tuples(st.just("suspect"), ident),
     st.tuples(st.just("flip"), ident, st.booleans()),
     st.tuples(st.just("expire"), ident),
-    st.tuples(st.just("entry"), st.sampled_from(MODELS), st.frozensets(ident, max_size=2)),
+    st.tuples(st.just("entry"), st.sampled_from(MODELS), st.frozensets(ident, max_size=2), st.sampled_from([10, 2000])),
+    st.tuples(st.just("policy"), st.sampled_from(PD_ROUTES)),
 )
 
 
@@ -89,13 +98,16 @@ def test_the_index_routes_as_the_registry_scan_did(start: list[tuple[str, str]],
             inst.last_report = -1e9
             cluster.check_health()
         elif kind == "entry":
-            model, exclude = o[1], o[2]
-            got = cluster.entry(model, exclude)
-            assert (None if got is None else got.id) == scan_entry(cluster, model, exclude)
+            model, exclude, prompt = o[1], o[2], o[3]
+            got = cluster.entry(model, exclude, prompt)
+            assert (None if got is None else got.id) == scan_entry(cluster, model, exclude, prompt)
+        elif kind == "policy":  # a hot swap of the per-request P/D choice
+            cluster.set_policies(PolicySet(pd_route=o[1], pd_prompt_tokens=512))
         for model in MODELS:  # after every step, each model's choice, with and without exclusions
             for exclude in (frozenset(), frozenset(IDS[:2])):
-                got = cluster.entry(model, exclude)
-                assert (None if got is None else got.id) == scan_entry(cluster, model, exclude)
+                for prompt in (10, 2000):
+                    got = cluster.entry(model, exclude, prompt)
+                    assert (None if got is None else got.id) == scan_entry(cluster, model, exclude, prompt)
         for role in ROLES:
             for model in (None, *MODELS):
                 assert sorted(i.id for i in cluster.healthy(role, model=model)) == sorted(

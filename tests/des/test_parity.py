@@ -45,7 +45,21 @@ def _simulated(reqs: Sequence[Request], config: ClusterConfig) -> Trace:
     return trace
 
 
-def _live(reqs: Sequence[Request], config: ClusterConfig) -> Trace:
+def _roles(config: ClusterConfig) -> list[tuple[str, str]]:
+    """The instances' ids and roles, as the simulator numbers them."""
+    if config.mode != "tetri":
+        return [(f"gpu{i}", "colocated") for i in range(config.instances)]
+    n_p, n_c = config.prefill_instances, config.colocated_instances
+    roles = ["prefill"] * n_p + ["decode"] * (config.instances - n_p - n_c) + ["colocated"] * n_c
+    return [(f"gpu{i}", role) for i, role in enumerate(roles)]
+
+
+def _live(
+    reqs: Sequence[Request], config: ClusterConfig, routes: dict[str, tuple[str, str | None]] | None = None
+) -> Trace:
+    """The live engines' plans; `routes` (request id → entry instance, decode instance) where the cluster
+    has more than one instance of a role (the simulator's choices), else the one prefill/decode pair or
+    colocated instance."""
     profile = load_profile(PROFILE)
     pol = config.policy
     predictor = make_predictor(pol.predictor, pol.predictor_accuracy, pol.predictor_granularity, config.seed)
@@ -78,25 +92,28 @@ def _live(reqs: Sequence[Request], config: ClusterConfig) -> Trace:
                 return
             assert len(tokens) == ereq.max_tokens
 
-        async def client(r: Request, engines: list[SimEngine]) -> None:
+        async def client(r: Request, engines: dict[str, SimEngine]) -> None:
             await clock.sleep_until(r.arrival)
             pred = predictor.predict((), r.request_id, r.output_len) if predictor is not None else None
             prompt = tuple((i * 31 + len(r.request_id)) % 50_000 for i in range(r.prompt_len))
             ereq = EngineRequest(r.request_id, prompt, r.max_tokens, pred)
-            if config.mode == "tetri":
-                await tetri(engines[0], engines[1], r, ereq)
+            entry, decode = (
+                routes[r.request_id] if routes else (("gpu0", "gpu1") if config.mode == "tetri" else ("gpu0", None))
+            )
+            if engines[entry].role == "prefill":
+                assert decode is not None or r.max_tokens == 1
+                await tetri(engines[entry], engines[decode or entry], r, ereq)
             else:
-                await vanilla(engines[0], ereq)
+                await vanilla(engines[entry], ereq)
 
         async def cluster() -> None:
-            roles = [("prefill", "gpu0"), ("decode", "gpu1")] if config.mode == "tetri" else [("colocated", "gpu0")]
-            engines = [engine(role, iid) for role, iid in roles]
-            for e in engines:
+            engines = {iid: engine(role, iid) for iid, role in _roles(config)}
+            for e in engines.values():
                 await e.start()
                 if e.role != "prefill" and config.plan_order:
                     e.set_plan(config.plan_order)
             await asyncio.gather(*(client(r, engines) for r in reqs))
-            for e in engines:
+            for e in engines.values():
                 await e.stop()
 
         await clock.run(cluster())
@@ -202,3 +219,37 @@ def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: Po
         sizes = {sum(x.tokens for x in p.pieces) for _, p in sim["gpu0"]}
         assert policy.token_budget in sizes and max(sizes) > policy.token_budget
     _assert_same(_live(reqs, config), sim)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        PolicySet(colocated_schedule="vllm-v1", pd_route="length", pd_prompt_tokens=100),
+        PolicySet(
+            colocated_schedule="vllm-v1",
+            pd_route="length",
+            pd_prompt_tokens=300,
+            pd_output_tokens=200,
+            predictor="oracle",
+            predictor_accuracy=0.749,
+            queue_order="srpt",
+        ),
+    ],
+    ids=["length", "length-predicted-srpt"],
+)
+def test_simulator_and_live_engines_make_the_same_iterations_in_a_hybrid_cluster(policy: PolicySet):
+    """Colocated, prefill and decode instances at once: each request on the path the simulator's
+    `choose_path` gave it, the live engines plan exactly as the simulated ones."""
+    reqs = _workload("Mixed", 48, rate=6.0, seed=9)
+    config = ClusterConfig(mode="tetri", profile=PROFILE, instances=3, prefill_instances=1, colocated_instances=1)
+    config = dataclasses.replace(config, policy=policy)
+    routes: dict[str, tuple[str, str | None]] = {}
+
+    sim: Trace = {}
+    result = simulate(
+        reqs, config, on_plan=lambda iid, t, plan: sim.setdefault(iid, []).append((t, plan)), check_kv=True
+    )
+    for rec in result.requests:
+        routes[rec.request_id] = (rec.prefill_instance, rec.decode_instance)
+    assert {entry for entry, _ in routes.values()} == {"gpu0", "gpu2"}  # both paths taken
+    _assert_same(_live(reqs, config, routes), sim)

@@ -231,23 +231,42 @@ def test_nan_window_is_rejected() -> None:
 def test_one_flip_refusal_rule():
     from tetri.scheduling.flip import flip_refusal
 
-    assert flip_refusal("p0", "prefill", "active", "decode", 2) is None
+    pd = {"prefill": 2, "decode": 2}
+    assert flip_refusal("p0", "prefill", "active", "decode", pd) is None
     assert flip_refusal("p0", "prefill", "active", "decode", None) is None  # a worker cannot count
-    last = flip_refusal("p0", "prefill", "active", "decode", 1)
+    last = flip_refusal("p0", "prefill", "active", "decode", {"prefill": 1, "decode": 3})
     assert last is not None and "last active prefill" in last.reason
-    bad = flip_refusal("p0", "prefill", "active", "gpu", 2)
+    bad = flip_refusal("p0", "prefill", "active", "gpu", pd)
     assert bad is not None and bad.param == "to"
     for state, words in (
         ("draining", "already flipping"),
         ("flipping", "already flipping"),
         ("unhealthy", "is unhealthy"),
     ):
-        r = flip_refusal("d1", "decode", state, "prefill", 3)
+        r = flip_refusal("d1", "decode", state, "prefill", pd)
         assert r is not None and words in r.reason
-    same = flip_refusal("d1", "decode", "active", "decode", 3)
+    same = flip_refusal("d1", "decode", "active", "decode", pd)
     assert same is not None and "already is a decode" in same.reason
-    colocated = flip_refusal("c0", "colocated", "active", "decode", 3)
-    assert colocated is not None and "only prefill and decode" in colocated.reason
+    unknown = flip_refusal("x0", "router", "active", "decode", pd)
+    assert unknown is not None and "only colocated, prefill and decode" in unknown.reason
+
+
+def test_flips_between_the_three_roles_never_leave_the_model_unserved():
+    from tetri.scheduling.flip import flip_refusal
+
+    # a colocated cluster turns one instance into a prefill, then one into a decode instance: a P/D pair
+    assert flip_refusal("c0", "colocated", "active", "prefill", {"colocated": 3}) is None
+    assert flip_refusal("c1", "colocated", "active", "decode", {"colocated": 2, "prefill": 1}) is None
+    # the last colocated instance flips when a prefill and a decode instance serve meanwhile
+    assert flip_refusal("c2", "colocated", "active", "prefill", {"colocated": 1, "prefill": 1, "decode": 1}) is None
+    alone = flip_refusal("c0", "colocated", "active", "prefill", {"colocated": 1, "prefill": 1})
+    assert alone is not None and "nothing else could serve" in alone.reason
+    # prefill instances need a decode instance to hand over to: the last one flips only once they are gone
+    hand = flip_refusal("d0", "decode", "active", "colocated", {"colocated": 2, "prefill": 1, "decode": 1})
+    assert hand is not None and "last active decode" in hand.reason
+    assert flip_refusal("d0", "decode", "active", "colocated", {"colocated": 2, "decode": 1}) is None
+    # the last prefill instance may go (colocated instances serve); its held KV drains to a decode instance
+    assert flip_refusal("p0", "prefill", "active", "colocated", {"colocated": 1, "prefill": 1, "decode": 1}) is None
 
 
 # --- advise: flip one instance at a time toward the split the advisor gives ------------------------------

@@ -76,3 +76,42 @@ def test_superseded_keys_are_compacted() -> None:
         idx.set(load_key(InstanceLoad("a", queued=n % 7)))
     assert len(idx._heap) <= 2 * len(idx) + 17
     assert idx.best() == "b"
+
+
+# --- the per-request P/D choice -------------------------------------------------------------------------
+def test_the_path_is_the_only_one_open_whatever_the_route() -> None:
+    from tetri.scheduling.routing import PD_ROUTES, choose_path
+
+    c, p = InstanceLoad("c0"), InstanceLoad("p0")
+    for route in PD_ROUTES:
+        assert choose_path(route, 10, None, c, None, 1024, 0) == "colocated"
+        assert choose_path(route, 5000, None, None, p, 1024, 0) == "split"
+        assert choose_path(route, 10, None, None, None, 1024, 0) is None
+    assert choose_path("role", 5000, None, c, p, 1024, 0) == "colocated"  # today's clusters as they were
+    assert choose_path("split", 10, None, c, p, 1024, 0) == "split"
+
+
+def test_length_splits_long_prompts_and_predicted_long_outputs() -> None:
+    from tetri.scheduling.routing import choose_path
+
+    c, p = InstanceLoad("c0"), InstanceLoad("p0")
+    assert choose_path("length", 1023, None, c, p, 1024, 0) == "colocated"
+    assert choose_path("length", 1024, None, c, p, 1024, 0) == "split"
+    assert choose_path("length", 100, (200, 400), c, p, 1024, 0) == "colocated"  # outputs not considered
+    assert choose_path("length", 100, (200, 400), c, p, 1024, 400) == "split"  # the range's upper end
+    assert choose_path("length", 100, (200, 399), c, p, 1024, 400) == "colocated"
+    assert choose_path("length", 100, None, c, p, 1024, 400) == "colocated"  # no prediction: the prompt only
+
+
+def test_length_takes_the_other_path_when_its_own_is_backed_up() -> None:
+    from tetri.scheduling.routing import BACKLOG_SLACK, backlog, choose_path
+
+    idle = InstanceLoad("c0", queued=0, running=3, inflight=3)
+    assert backlog(idle) == 0
+    # reported queue 1, but the router sent 9 and 3 run: 6 wait (the fresher count)
+    busy = InstanceLoad("p0", queued=1, running=3, inflight=9)
+    assert backlog(busy) == 6 > BACKLOG_SLACK
+    assert choose_path("length", 4096, None, idle, busy, 1024, 0) == "colocated"
+    just = InstanceLoad("p0", queued=BACKLOG_SLACK, running=1, inflight=1)
+    assert choose_path("length", 4096, None, idle, just, 1024, 0) == "split"  # within the slack
+    assert choose_path("length", 10, None, busy, idle, 1024, 0) == "split"  # and the other way round

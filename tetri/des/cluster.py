@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -51,7 +51,7 @@ from tetri.scheduling.flip import FlipDecision, InstanceView, SplitAdvice, Trans
 from tetri.scheduling.instance import HEAVY_DECODE, InstanceScheduler, IterationPlan, Outcome, Phase, SchedRequest
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import OraclePredictor, make_predictor
-from tetri.scheduling.routing import InstanceLoad, least_loaded
+from tetri.scheduling.routing import InstanceLoad, choose_path, least_loaded
 
 from .records import FlipRecord, InstanceRecord, RejectedRecord, RequestRecord, RunResult
 from .slo import DEFAULT_SLO, SloSet
@@ -72,7 +72,8 @@ PlanHook = Callable[[str, float, IterationPlan], None]  # (instance id, model ti
 @dataclass(frozen=True)
 class ClusterConfig:
     """What to simulate. `instances` GPUs in all (one instance = one GPU); TetriInfer mode splits them
-    into `prefill_instances` prefill and the rest decode; vanilla runs them all colocated."""
+    into `prefill_instances` prefill, `colocated_instances` colocated (a hybrid cluster: the policy's
+    `pd_route` chooses per request) and the rest decode; vanilla runs them all colocated."""
 
     mode: str = "tetri"
     profile: str | Profile = "opt-13b-v100"
@@ -86,14 +87,18 @@ class ClusterConfig:
     plan_order: tuple[str, ...] = ()  # `plan` admission's order, loaded on every decode/colocated instance
     slo: SloSet = field(default=DEFAULT_SLO)  # what the `advise` flip policy scores splits against
     seed: int = 0
+    colocated_instances: int = 0  # tetri mode: beside the prefill and decode instances
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
         if self.instances < 1 or (self.mode == "tetri" and self.instances < 2):
             raise ValueError(f"{self.mode} needs more instances than {self.instances}")
-        if self.mode == "tetri" and not 1 <= self.prefill_instances < self.instances:
-            raise ValueError(f"need 1 ≤ prefill instances < {self.instances}, got {self.prefill_instances}")
+        split = self.instances - self.colocated_instances  # prefill and decode instances
+        if self.mode == "tetri" and not 1 <= self.prefill_instances < split:
+            raise ValueError(f"need 1 ≤ prefill instances < {split}, got {self.prefill_instances}")
+        if self.colocated_instances < 0 or (self.mode != "tetri" and self.colocated_instances):
+            raise ValueError("colocated_instances: a number ≥ 0, beside prefill and decode instances (tetri mode)")
         if self.prefill_batch_tokens is not None and self.prefill_batch_tokens < 1:
             raise ValueError("prefill_batch_tokens must be positive")
         if self.watch_interval_s <= 0 or self.flip_cost_s < 0:
@@ -208,8 +213,8 @@ class _Sim:
         predictor = make_predictor(pol.predictor, pol.predictor_accuracy, pol.predictor_granularity, config.seed)
         self.rng = random.Random(config.seed)
         if config.mode == "tetri":
-            n_p = config.prefill_instances
-            roles = ["prefill"] * n_p + ["decode"] * (config.instances - n_p)
+            n_p, n_c = config.prefill_instances, config.colocated_instances
+            roles = ["prefill"] * n_p + ["decode"] * (config.instances - n_p - n_c) + ["colocated"] * n_c
         else:
             roles = ["colocated"] * config.instances
         # ids name no role (an instance flips and keeps its id), as the live workers' do
@@ -408,26 +413,46 @@ class _Sim:
 
     # --- arrivals, routing, dispatch -----------------------------------------------------------
 
-    def _arrive(self, req: _Req) -> None:
-        role = "prefill" if self.cfg.mode == "tetri" else "colocated"
-        targets = [i for i in self.instances if i.role == role and i.state == "active"]
+    def _entry(self, role: str) -> _Instance | None:
+        """The least-loaded active instance in `role` (TetriInfer §3.2's `least_loaded`)."""
         loads = [
             InstanceLoad(
-                i.iid,
-                kv_used_tokens=i.sched.kv_used,
-                kv_capacity_tokens=i.sched.capacity,
-                inflight=i.outstanding,
+                i.iid, kv_used_tokens=i.sched.kv_used, kv_capacity_tokens=i.sched.capacity, inflight=i.outstanding
             )
-            for i in targets
+            for i in self.instances
+            if i.role == role and i.state == "active"
         ]
         chosen = least_loaded(loads)
-        if chosen is None:  # cannot happen: the last instance of a role never flips
+        return None if chosen is None else self.by_id[chosen]
+
+    def _arrive(self, req: _Req) -> None:
+        colocated = self._entry("colocated")
+        prefill = self._entry("prefill")
+        inst = colocated or prefill
+        decoding = any(i.role == "decode" and i.state == "active" for i in self.instances)
+        if colocated is not None and prefill is not None and decoding:  # both paths open: the request's (routing.py)
+            pol = self.policy
+            path = choose_path(
+                pol.pd_route,
+                req.prompt,
+                req.predicted,
+                self._backlog(colocated),
+                self._backlog(prefill),
+                pol.pd_prompt_tokens,
+                pol.pd_output_tokens,
+            )
+            inst = colocated if path == "colocated" else prefill
+        if inst is None:  # cannot happen: a flip never leaves the cluster unserved (flip_refusal)
             raise RuntimeError("no active instance to route to")
-        inst = self.by_id[chosen]
         req.p_inst = inst
         inst.outstanding += 1
         inst.sched.add(req.sched)
         self._news(inst)
+
+    @staticmethod
+    def _backlog(inst: _Instance) -> InstanceLoad:
+        u = inst.sched.usage()
+        return InstanceLoad(inst.iid, u.waiting, u.running, inflight=inst.outstanding)
 
     def _dispatch(self, req: _Req) -> None:
         targets = [i for i in self.instances if i.role == "decode" and i.state == "active"]
@@ -518,8 +543,8 @@ class _Sim:
         inst = self.by_id.get(decision.instance_id)
         if inst is None:
             return
-        same = sum(1 for i in self.instances if i.role == inst.role and i.state == "active")
-        if flip_refusal(inst.iid, inst.role, inst.state, decision.to_role, same) is not None:
+        active = Counter(i.role for i in self.instances if i.state == "active")
+        if flip_refusal(inst.iid, inst.role, inst.state, decision.to_role, active) is not None:
             return
         inst.state = "draining"
         self._flip_open[inst.iid] = (decision, inst.role, self.now, None)

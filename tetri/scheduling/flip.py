@@ -16,7 +16,7 @@ them out (drain, notify, change role, announce) and records them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 FLIP_POLICIES = ("off", "idle", "advise")
@@ -25,7 +25,7 @@ FLIP_POLICIES = ("off", "idle", "advise")
 @dataclass(frozen=True)
 class InstanceView:
     instance_id: str
-    role: str  # prefill | decode
+    role: str  # prefill | decode | colocated (the watcher's policies flip prefill ⇄ decode only)
     state: str  # active | draining | flipping | unhealthy
     kv_usage: float  # 0..1
     queued: int = 0
@@ -134,25 +134,38 @@ class FlipRefusal:
     param: str | None = None  # "to" when the requested role is what is wrong
 
 
+ROLES = ("colocated", "prefill", "decode")
+
+
 def flip_refusal(
-    instance_id: str, role: str, state: str, to_role: str, active_of_role: int | None
+    instance_id: str, role: str, state: str, to_role: str, active: Mapping[str, int] | None
 ) -> FlipRefusal | None:
     """Why an instance may not flip to `to_role` now (None: it may). The one rule the daemon's flip API,
-    the worker's Flip RPC and the simulator all apply: only prefill ⇄ decode, to the other role, from
-    the active state, and never the last active instance of its role (`active_of_role` counts it; None
-    where the caller cannot know — a worker — and the daemon has checked)."""
-    if role not in ("prefill", "decode"):
-        return FlipRefusal(f"instance {instance_id} is {role}: only prefill and decode instances flip")
-    if to_role not in ("prefill", "decode"):
-        return FlipRefusal(f"to: must be prefill or decode, got {to_role!r}", "to")
+    the worker's Flip RPC and the simulator all apply: between the three roles (colocated, prefill,
+    decode), to another role, from the active state, and never leaving its model unserved while it
+    drains. `active` counts the model's active instances by role, this one included (None where the
+    caller cannot know — a worker — and the daemon has checked): without this one there must still be a
+    colocated instance or a prefill and a decode instance, and the last decode instance stays while a
+    prefill instance does (prefill instances hand their KV over to one)."""
+    if role not in ROLES:
+        return FlipRefusal(f"instance {instance_id} is {role}: only colocated, prefill and decode instances flip")
+    if to_role not in ROLES:
+        return FlipRefusal(f"to: must be colocated, prefill or decode, got {to_role!r}", "to")
     if to_role == role:
         return FlipRefusal(f"instance {instance_id} already is a {to_role} instance")
     if state in ("draining", "flipping"):
         return FlipRefusal(f"instance {instance_id} is already flipping")
     if state != "active":
         return FlipRefusal(f"instance {instance_id} is {state}")
-    if active_of_role is not None and active_of_role < 2:
-        return FlipRefusal(f"instance {instance_id} is the last active {role} instance")
+    if active is None:
+        return None
+    rest = {r: active.get(r, 0) - (r == role) for r in ROLES}
+    if not rest["colocated"] and not (rest["prefill"] and rest["decode"]):
+        return FlipRefusal(f"instance {instance_id} is the last active {role} instance (nothing else could serve)")
+    if role == "decode" and not rest["decode"] and rest["prefill"]:
+        return FlipRefusal(
+            f"instance {instance_id} is the last active decode instance (prefill instances hand over to it)"
+        )
     return None
 
 

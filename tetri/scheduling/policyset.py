@@ -16,6 +16,7 @@ from .dispatch import DISPATCH_POLICIES
 from .flip import FLIP_POLICIES
 from .names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS, TTFT_MISSES
 from .prefill import PREFILL_POLICIES
+from .routing import PD_ROUTES
 
 
 class PolicyError(ValueError):
@@ -47,6 +48,9 @@ class PolicySet:
     ttft_miss: str = "last"  # last (as above) | reject: a request past ttft_target_s leaves, answered 429
     token_budget: int = 0  # vllm-v1: tokens an iteration while no prompt is urgent (instance.py); 0: the
     # engine's max_num_batched_tokens
+    pd_route: str = "role"  # role | split | length: colocated or split, per request (tetri.scheduling.routing)
+    pd_prompt_tokens: int = 1024  # length: prompts this long run split
+    pd_output_tokens: int = 0  # length: and requests predicted to produce this many tokens; 0: not considered
 
     def __post_init__(self) -> None:
         choices = {
@@ -59,11 +63,18 @@ class PolicySet:
             "colocated_schedule": COLOCATED_SCHEDULES,
             "queue_order": QUEUE_ORDERS,
             "ttft_miss": TTFT_MISSES,
+            "pd_route": PD_ROUTES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise PolicyError(name, f"unknown value {getattr(self, name)!r} (choose from {', '.join(allowed)})")
-        for name in ("prefill_sched_batch", "chunk_size", "predictor_granularity", "aging_admissions"):
+        for name in (
+            "prefill_sched_batch",
+            "chunk_size",
+            "predictor_granularity",
+            "aging_admissions",
+            "pd_prompt_tokens",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PolicyError(name, f"must be a positive integer, got {v!r}")
@@ -71,6 +82,9 @@ class PolicySet:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
                 raise PolicyError(name, f"must be a number, got {v!r}")
+        v = self.pd_output_tokens
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise PolicyError("pd_output_tokens", f"must be a number of tokens ≥ 0 (0: not considered), got {v!r}")
         v = self.token_budget
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise PolicyError("token_budget", f"must be a number of tokens ≥ 0 (0: the engine's), got {v!r}")

@@ -36,3 +36,51 @@ def least_loaded(instances: Sequence[InstanceLoad]) -> str | None:
     if not instances:
         return None
     return min(instances, key=load_key).instance_id
+
+
+# --- the per-request P/D choice ------------------------------------------------------------------------
+# A cluster may hold colocated, prefill and decode instances at once: each request runs either colocated
+# (one instance, both phases) or split (a prefill instance, then a decode instance its KV is handed to).
+PD_ROUTES = ("role", "split", "length")
+PATHS = ("colocated", "split")
+BACKLOG_SLACK = 4  # `length`: the preferred path may have this many more requests waiting than the other
+
+
+def backlog(x: InstanceLoad) -> int:
+    """Requests at the instance that have not started: the fresher of its reported queue and the router's
+    count less what it reported running."""
+    return max(x.queued, x.inflight - x.running)
+
+
+def choose_path(
+    route: str,
+    prompt_len: int,
+    predicted: tuple[int, int] | None,
+    colocated: InstanceLoad | None,
+    split: InstanceLoad | None,
+    prompt_tokens: int,
+    output_tokens: int,
+) -> str | None:
+    """Whether a request runs colocated or split, given the least-loaded entry of each path (None: the path
+    has no instance that can take it now: no active colocated instance, or no active prefill instance
+    with an active decode instance to hand over to). None: neither path can.
+
+    `role` (the default): colocated whenever the cluster has a colocated instance — a cluster of one kind
+    runs as it always did. `split`: split whenever it can. `length` (TaiChi, llm-d: split the requests whose
+    prefill would stall a colocated batch's decodes): split when the prompt has at least `prompt_tokens`
+    tokens, or the predicted output at least `output_tokens` (0: not considered; the upper end of the
+    predicted range) — long decodes keep a steady TPOT on a decode instance; colocated otherwise. Then the
+    load: when the preferred path's entry has more than `BACKLOG_SLACK` more requests waiting (`backlog`)
+    than the other's, the other."""
+    if colocated is None or split is None:
+        return "colocated" if colocated is not None else "split" if split is not None else None
+    if route == "role":
+        return "colocated"
+    if route == "split":
+        return "split"
+    long_output = output_tokens > 0 and predicted is not None and predicted[1] >= output_tokens
+    want, other = ("split", colocated) if prompt_len >= prompt_tokens or long_output else ("colocated", split)
+    mine = split if want == "split" else colocated
+    if backlog(mine) > backlog(other) + BACKLOG_SLACK:
+        return "colocated" if want == "split" else "split"
+    return want
