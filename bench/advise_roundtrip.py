@@ -10,9 +10,10 @@
    history.
 2. Its status table is exported as a trace (`tetrictl requests export`, `tetri.des.trace.rows_to_trace`).
 3. `advise` (the simulator) recommends a setup for the trace on P + D GPUs and the SLOs.
-4. The advice is applied to the live cluster (`apply_advice`: policies, then flips). When the advice's
-   mode is not the cluster's (flips move instances between prefill and decode only), a cluster of the
-   advice's mode and split starts instead, and the advice is applied to it.
+4. The advice is applied to the live cluster (`apply_advice`: policies, then flips between the colocated,
+   prefill and decode roles). When no sequence of flips gets there (a 1P+1D cluster cannot become two
+   colocated instances without leaving the model unserved), a cluster of the advice's roles starts
+   instead, and the advice is applied to it.
 5. The same trace is replayed live; its goodput (offered rate × share within the SLOs, as `advise`
    counts it) is printed beside the prediction. Target: within 10%.
 """
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import json
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from tetri.des.advise import AdviceSpec, advise, offered_rate, outcome
@@ -30,6 +32,7 @@ from tetri.des.mixes import MIXES, make_mix
 from tetri.des.slo import parse_slos
 from tetri.des.trace import read_trace, rows_to_trace
 from tetri.des.workloads import make_workload
+from tetri.scheduling.flip import ROLES, flip_path
 from tetrictl.advise_cmd import apply_advice, describe
 from tetrictl.bench_live import replay_on
 from tetrictl.client import Target, TetriClient
@@ -76,10 +79,12 @@ def main() -> None:
     clusters: list[LocalCluster] = []
 
     def start(roles: list[str], name: str) -> LocalCluster:
-        colocated = roles[0] == "colocated"
-        cluster = start_local_cluster(roles, state_dir=state / name, profile=a.profile, time_scale=scale,
-                                      mode="colocated" if colocated else "disaggregated",
-                                      policies={"colocated_schedule": "vllm-v1"} if colocated else None)  # fmt: skip
+        colocated = "colocated" in roles  # colocated instances run vllm-v1, vLLM's own schedule
+        mode = "hybrid" if colocated and len(set(roles)) > 1 else "colocated" if colocated else "disaggregated"
+        policies = {"colocated_schedule": "vllm-v1"} if colocated else None
+        cluster = start_local_cluster(
+            roles, state_dir=state / name, profile=a.profile, time_scale=scale, mode=mode, policies=policies
+        )
         clusters.append(cluster)
         return cluster
 
@@ -95,19 +100,13 @@ def main() -> None:
         trace = read_trace(json.dumps(x) for x in lines)
         doc = advise(trace, spec)
         advice = doc["advice"]
-        if (advice["mode"] == "colocated") != (roles[0] == "colocated"):
+        goal = {r: advice.get(r, 0) for r in ROLES} if advice["mode"] != "colocated" else {"colocated": gpus}
+        applied = ""
+        if flip_path(Counter(roles), goal) is None:  # no flips get there: a cluster of the advice's roles
             live.stop()
             clusters.remove(live)
-            split = [advice["prefill"], advice["decode"]] if advice["mode"] == "disaggregated" else [0, 0]
-            want = (
-                ["colocated"] * gpus
-                if advice["mode"] == "colocated"
-                else ["prefill"] * split[0] + ["decode"] * split[1]
-            )
-            live = start(want, "advised")
+            live = start([r for r in ROLES for _ in range(goal.get(r, 0))], "advised")
             applied = f"started {advice['mode']}; "
-        else:
-            applied = ""
         done = asyncio.run(_apply(live.url, doc))
         applied += f"policies {', '.join(done['changed']) or 'unchanged'}; {len(done['flips'])} flip(s)"
         result = replay_on(live.url, trace, scale, gpus)

@@ -20,7 +20,9 @@ Each point is that mix at `load` × the capacity. Setups, each on every point:
     with Retry-After) rather than served last; it counts as outside the SLO, and the latencies are those
     of the requests served;
   * advice — with `--advise`, what `tetrictl advise` picks on the point (every candidate it tries: slow);
-    with `--ttft-miss last,reject` it may pick rejecting too.
+    with `--ttft-miss last,reject` it may pick rejecting too;
+  * best hybrid — with `--advise`, the best of its hybrid candidates: colocated, prefill and decode
+    instances at once, the prompts longer than a percentile of the point's split (`pd_route` length).
 Per setup: goodput (offered rate × share within the SLO), mean and p99 JCT, the p99 JCT of the requests
 served within the SLO, mean TTFT and TPOT, and the ratios to vllm-v1. A point is a **win** for a setup
 when its goodput is ≥ 1.3× vllm-v1's, or ≥ 0.99× with mean JCT ≤ 0.8×; a **loss** when its goodput is
@@ -167,9 +169,11 @@ def main() -> None:
                 orders = tuple(o.strip() for o in args.orders.split(",") if o.strip())
                 spec = AdviceSpec(profile=args.profile, gpus=args.gpus, slo=slo, seed=args.seed)
                 spec = dataclasses.replace(spec, ttft_misses=misses, queue_orders=orders)
-                advice = advise(requests, spec)["advice"]
-                cfg = setup_config(spec, advice)
-                got["advice"] = run(requests, cfg.policy, rate, args, slo, cfg) | {"setup": advice}
+                advised = advise(requests, spec)
+                for name, setup in (("advice", advised["advice"]), ("best hybrid", advised["best_hybrid"])):
+                    if setup is not None:
+                        cfg = setup_config(spec, setup)
+                        got[name] = run(requests, cfg.policy, rate, args, slo, cfg) | {"setup": setup}
             base = got["vllm-v1"]
             for name, o in got.items():
                 v = "" if name == "vllm-v1" else verdict(o, base)

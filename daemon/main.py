@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--stream-interval", type=int, help="Streamed answers: an SSE event per N tokens (default 1: every step)."
     )
-    ap.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
+    ap.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated", "hybrid"])
     ap.add_argument(
         "--fronts",
         type=int,

@@ -3,7 +3,8 @@
 The advice comes from the simulator (`tetri.des.advise`, pure); this shell reads the workload (a JSONL
 trace — `tetrictl requests export` writes one from a live cluster — or a named mix at a rate), prints the
 advice beside the best colocated setup, and with `--apply` changes the live cluster over the admin API:
-the policies in one audited change, then one flip at a time until the P:D split matches.
+the policies in one audited change, then one flip at a time until each role (colocated, prefill, decode)
+has the advice's count.
 """
 
 import asyncio
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tetri.costmodel import load_profile
+from tetri.scheduling.flip import ROLES, flip_path
 
 from .client import ClientError, TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
@@ -61,10 +63,16 @@ def describe(setup: dict[str, Any]) -> str:
         if p.get("token_budget"):
             text += f", {p['token_budget']} tokens an iteration while no prompt is urgent"
         return text
-    return (
+    split = (
         f"{setup['prefill']}P+{setup['decode']}D, ChunkSize {p['chunk_size']}, {p['prefill_policy']} prefill, "
         f"{p['decode_admission']} admission"
     )
+    if setup["mode"] == "hybrid":
+        return (
+            f"{setup['colocated']} colocated ({p['colocated_schedule']}) + {split}; prompts of "
+            f"{p['pd_prompt_tokens']} tokens or more split"
+        )
+    return split
 
 
 def advise_cmd(
@@ -97,7 +105,9 @@ def advise_cmd(
     mode: Annotated[
         str,
         typer.Option(
-            "--mode", help="Setups to consider: any, disaggregated (a split for a running P/D cluster) or colocated."
+            "--mode",
+            help="Setups to consider: any, or one or more of colocated, disaggregated, hybrid (colocated, prefill "
+            "and decode instances at once, each request split or not by its prompt's length; 3 GPUs or more).",
         ),
     ] = "any",
     apply: Annotated[
@@ -128,7 +138,9 @@ def advise_cmd(
             baselines=tuple(b.strip().lower() for b in baseline.split(",") if b.strip()),
             seed=seed,
             ttft_misses=tuple(m.strip().lower() for m in ttft_miss.split(",") if m.strip()),
-            modes=MODES if mode.strip().lower() == "any" else (mode.strip().lower(),),
+            modes=MODES
+            if mode.strip().lower() == "any"
+            else tuple(m.strip() for m in mode.lower().split(",") if m.strip()),
         )
         requests = _requests(trace, workload, rate, n, seed, profile)
     tgt = target(url, token, config) if apply else None
@@ -202,6 +214,13 @@ APPLIED = {
         "reserve_point",
     ),
 }
+APPLIED["hybrid"] = (
+    *APPLIED["disaggregated"],
+    *APPLIED["colocated"],
+    "pd_route",
+    "pd_prompt_tokens",
+    "pd_output_tokens",
+)
 
 
 async def _serving(c: TetriClient, gpus: int) -> list[dict[str, Any]]:
@@ -218,35 +237,30 @@ async def _serving(c: TetriClient, gpus: int) -> list[dict[str, Any]]:
 
 async def apply_advice(c: TetriClient, doc: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Change the live cluster to the advice: the policies it was simulated with (`APPLIED`, one audited
-    change), then flips until the P:D split matches, one at a time (a flip drains its instance first);
+    change), then the fewest flips that give each role its count (`flip_path`: one at a time, a flip drains its
+    instance first, and none leaves the model unserved);
     then every worker runs them. A flip that fails stops it there, with the policies already set."""
     advice = doc["advice"]
     live = await _serving(c, doc["gpus"])
     roles = Counter(i["role"] for i in live)
     want = describe(advice)
-    if advice["mode"] == "colocated" and set(roles) != {"colocated"}:
-        raise ClientError(
-            f"the advice is {want}, the cluster is disaggregated: start it with tetrictl up --mode colocated"
-        )
-    if advice["mode"] == "disaggregated" and "colocated" in roles:
-        raise ClientError(
-            f"the advice is {want}, the cluster is colocated: start it with tetrictl up --prefill/--decode"
-        )
+    goal = {r: advice.get(r, 0) for r in ROLES} if advice["mode"] != "colocated" else {"colocated": doc["gpus"]}
+    moves = flip_path(roles, goal)
+    if moves is None:
+        raise ClientError(f"the advice is {want}: no sequence of flips gets there from this cluster")
     current = (await c.policies())["policies"]
     policies = advice["policies"]
     changes = {k: policies[k] for k in APPLIED[advice["mode"]] if current.get(k) != policies[k]}
     if changes:
         await c.set_policies(changes)
     flips: list[dict[str, Any]] = []
-    if advice["mode"] == "disaggregated":
-        more = advice["prefill"] - roles["prefill"]
-        role, to = ("decode", "prefill") if more > 0 else ("prefill", "decode")
-        for inst in sorted((i for i in live if i["role"] == role), key=lambda i: i["id"])[: abs(more)]:
-            started = await c.flip(inst["id"], to, reason=f"tetrictl advise: {want}")
-            row = await wait_flip(c, started["id"], timeout)
-            if row.get("outcome") != "done":
-                raise ClientError(f"flip {row['id']} of {inst['id']} ended {row.get('outcome')}")
-            flips.append(row)
+    for role, to in moves:  # one at a time, each allowed when it starts (flip_path)
+        inst = min((i for i in await c.instances() if i["role"] == role), key=lambda i: i["id"])
+        started = await c.flip(inst["id"], to, reason=f"tetrictl advise: {want}")
+        row = await wait_flip(c, started["id"], timeout)
+        if row.get("outcome") != "done":
+            raise ClientError(f"flip {row['id']} of {inst['id']} ended {row.get('outcome')}")
+        flips.append(row)
     version = (await c.policies())["version"]
     deadline = time.monotonic() + 30
     while {i["policy_version"] for i in await c.instances()} != {version}:

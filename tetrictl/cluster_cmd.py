@@ -231,15 +231,20 @@ def worker_start(
 
 def up(
     mode: Annotated[
-        str, typer.Option(help="disaggregated (prefill + decode) or colocated (vanilla baseline).")
+        str,
+        typer.Option(
+            help="disaggregated (prefill + decode), colocated (vanilla baseline) or hybrid (colocated + prefill + "
+            "decode, each request split or not by its prompt's length: pd_route length)."
+        ),
     ] = "disaggregated",
-    prefill: Annotated[int, typer.Option(help="Prefill instances (disaggregated).")] = 1,
-    decode: Annotated[int, typer.Option(help="Decode instances (disaggregated).")] = 1,
-    colocated: Annotated[int, typer.Option(help="Colocated instances (colocated mode).")] = 2,
+    prefill: Annotated[int, typer.Option(help="Prefill instances (disaggregated, hybrid).")] = 1,
+    decode: Annotated[int, typer.Option(help="Decode instances (disaggregated, hybrid).")] = 1,
+    colocated: Annotated[int, typer.Option(help="Colocated instances (colocated, hybrid).")] = 2,
     baseline: Annotated[
         str | None,
         typer.Option(
-            help="Colocated mode: schedule the instances as vllm-v0 (prefill-first, padded prompt batches) or "
+            help="Colocated and hybrid modes: schedule the colocated instances as vllm-v0 (prefill-first, padded "
+            "prompt batches) or "
             "vllm-v1 (chunked prefill mixed into decode batches); default prefill-first (docs/scheduling.md)."
         ),
     ] = None,
@@ -266,13 +271,13 @@ def up(
 ) -> None:
     """Bring up the embedded cluster: the daemon plus sim workers (one that exits is restarted). Ctrl-C or
     SIGTERM stops everything, the daemon first: it drains its in-flight requests."""
-    if mode not in ("disaggregated", "colocated"):
-        fail(f"--mode must be disaggregated or colocated, not {mode!r}")
+    if mode not in ("disaggregated", "colocated", "hybrid"):
+        fail(f"--mode must be disaggregated, colocated or hybrid, not {mode!r}")
     baseline = baseline.strip().lower() if baseline is not None else None
     if baseline is not None and baseline not in BASELINES:
         fail(f"--baseline must be one of {', '.join(BASELINES)}, not {baseline!r}")
-    if baseline is not None and mode != "colocated":
-        fail("--baseline schedules colocated instances: use it with --mode colocated")
+    if baseline is not None and mode == "disaggregated":
+        fail("--baseline schedules colocated instances: use it with --mode colocated or hybrid")
     if log_level is not None and log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
     if log_format is not None and log_format not in LOG_FORMATS:
@@ -281,6 +286,8 @@ def up(
     for flag, v in (("--log-level", log_level), ("--log-file", log_file), ("--log-format", log_format)):
         _opt(log_args, flag, v)
     counts = {"prefill": prefill, "decode": decode} if mode == "disaggregated" else {"colocated": colocated}
+    if mode == "hybrid":
+        counts = {"colocated": colocated, "prefill": prefill, "decode": decode}
     for role, n in counts.items():
         if n < 1:
             fail(f"--{role} must be at least 1")
@@ -306,7 +313,9 @@ def up(
             port=port,
             grpc_port=grpc_port,
             config=config,
-            policies={"colocated_schedule": baseline} if baseline else None,
+            policies=({"colocated_schedule": baseline} if baseline else {})
+            | ({"pd_route": "length"} if mode == "hybrid" else {})
+            or None,
             log_args=log_args,
             fronts=fronts,
             stream_interval=stream_interval,

@@ -54,7 +54,7 @@ def status(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = No
         out.print(
             f"policies: prefill {p['prefill_policy']} (batch {p['prefill_sched_batch']}, chunk {p['chunk_size']}), "
             f"predictor {p['predictor']}, dispatch {p['dispatch']}, decode {p['decode_admission']}, "
-            f"flips {p['flip_policy']}"
+            f"flips {p['flip_policy']}, route {p.get('pd_route', 'role')}"
         )
         table("instances", INSTANCE_COLUMNS, [instance_row(i) for i in d["instance_list"]])
 

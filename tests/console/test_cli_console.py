@@ -248,7 +248,9 @@ def test_flip_wait_and_refusals(cluster: LiveCluster):
     last_decode = active_decodes(cluster)[0]
     fails(ctl(cluster, "flip", last_decode), exitcodes.REFUSED, "last active decode instance")
     fails(ctl(cluster, "flip", "nope"), exitcodes.USAGE, "no instance 'nope'")
-    fails(ctl(cluster, "flip", decode, "--to", "sideways"), exitcodes.USAGE, "--to must be colocated, prefill or decode")
+    fails(
+        ctl(cluster, "flip", decode, "--to", "sideways"), exitcodes.USAGE, "--to must be colocated, prefill or decode"
+    )
     fails(ctl(cluster, "flip", decode, "--to", "prefill"), exitcodes.REFUSED, "already is a prefill instance")
     back = ok_json(cluster, "flip", decode, "--wait")  # and back, so the other tests keep two decodes
     assert back["to_role"] == "decode" and back["outcome"] == "done"

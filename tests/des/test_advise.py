@@ -4,8 +4,10 @@ beats the best colocated setup."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from tetri.des.advise import AdviceSpec, advise, offered_rate
@@ -29,7 +31,15 @@ def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated
     # vllm-v1 with srpt alone; with the TTFT target, in either order, alone and with each token budget
     budgets = len(spec.token_budgets)
     srpt = 1 + 2 * (1 + budgets) if "vllm-v1" in baselines else 0
-    assert len(doc["candidates"]) == len(baselines) + srpt + 2 * 2 * 2 * 2  # splits × chunks × orders × admissions
+    # hybrids: 1 colocated + 1 prefill + 1 decode, prompts split at the median, 75th and 90th percentiles
+    quantiles = {max(1, int(q)) for q in np.quantile([r.prompt_len for r in reqs], (0.5, 0.75, 0.9))}
+    hybrids = [c for c in doc["candidates"] if c["mode"] == "hybrid"]
+    assert {c["policies"]["pd_prompt_tokens"] for c in hybrids} == quantiles and len(hybrids) == len(quantiles)
+    assert all((c["colocated"], c["prefill"], c["decode"]) == (1, 1, 1) for c in hybrids)
+    assert all(c["policies"]["pd_route"] == "length" for c in hybrids)
+    assert doc["best_hybrid"] in hybrids
+    # splits × chunks × orders × admissions
+    assert len(doc["candidates"]) == len(baselines) + srpt + 2 * 2 * 2 * 2 + len(hybrids)
     # every named baseline as vLLM runs it: first come first served, no predictor, its own schedule
     assert set(doc["baselines"]) == set(baselines)
     for name, b in doc["baselines"].items():
@@ -56,7 +66,7 @@ def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated
             if c["outcome"]["goodput_rps"] * 1.01 >= max(x["outcome"]["goodput_rps"] for x in pool)
         )
     assert advice["outcome"]["goodput_rps"] * 1.01 >= top  # the advice is within 1% of the best of all
-    if advice["mode"] == "disaggregated":  # it had to beat the best colocated setup
+    if advice["mode"] != "colocated":  # it had to beat the best colocated setup
         c, a = colocated["outcome"], advice["outcome"]
         assert a["goodput_rps"] > c["goodput_rps"] * 1.01 or a["avg_jct_s"] < c["avg_jct_s"]
     o = doc["advice"]["outcome"]
@@ -67,9 +77,16 @@ def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated
 def test_at_a_load_only_disaggregation_serves_well_the_advice_is_disaggregated():
     # against the paper's baseline alone at a high rate, vllm-v0's prefills stall its decodes (docs/bench.md)
     reqs = make_workload("Mixed", 256, seed=0, rate=250.0, max_model_len=8192)
-    doc = advise(reqs, AdviceSpec(gpus=4, slo=TIGHT, chunks=(256,), baselines=("vllm-v0",)))
+    spec = AdviceSpec(gpus=4, slo=TIGHT, chunks=(256,), baselines=("vllm-v0",), modes=("colocated", "disaggregated"))
+    doc = advise(reqs, spec)
     assert doc["advice"]["mode"] == "disaggregated"
     assert doc["advice"]["outcome"]["within_slo"] > doc["best_colocated"]["outcome"]["within_slo"]
+    # hybrids too: one beats every P:D split here, as good a goodput at a lower mean JCT (the short prompts
+    # skip the hand-over and the prefill queue)
+    hybrid = advise(reqs, dataclasses.replace(spec, modes=("colocated", "disaggregated", "hybrid")))
+    assert hybrid["advice"]["mode"] == "hybrid" and hybrid["advice"] == hybrid["best_hybrid"]
+    h, d = hybrid["advice"]["outcome"], doc["advice"]["outcome"]
+    assert h["goodput_rps"] * 1.01 >= d["goodput_rps"] and h["avg_jct_s"] < d["avg_jct_s"]
 
 
 def test_a_trace_round_trips_through_the_status_rows():

@@ -327,3 +327,40 @@ def test_advise_never_flips_the_last_instance_or_during_a_flip_or_for_another_in
 def test_advise_is_not_due_under_other_policies() -> None:
     assert not watcher().advice_due(1e9)
     assert not TransitionWatcher(policy="off").advice_due(1e9)
+
+
+# --- flip_path: the fewest allowed flips from one split of the roles to another --------------------------
+def test_flip_path_takes_the_fewest_allowed_flips() -> None:
+    from tetri.scheduling.flip import flip_path
+
+    assert flip_path({"colocated": 4}, {"colocated": 4}) == []
+    # colocated → a hybrid: the prefill instance first would serve nothing alone, but nothing is left unserved
+    assert flip_path({"colocated": 4}, {"colocated": 2, "prefill": 1, "decode": 1}) == [
+        ("colocated", "prefill"),
+        ("colocated", "decode"),
+    ]
+    two = flip_path({"prefill": 2, "decode": 2}, {"colocated": 4})
+    assert two is not None and len(two) == 4 and two[-1] == ("decode", "colocated")
+    assert flip_path({"prefill": 1, "decode": 1}, {"colocated": 2}) is None  # either flip leaves it unserved
+    assert flip_path({"colocated": 2}, {"colocated": 3}) is None  # not the same instances
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["colocated", "prefill", "decode"]), min_size=1, max_size=6), st.randoms())
+def test_every_flip_on_the_path_is_allowed_when_it_starts(roles: list[str], rnd) -> None:
+    from collections import Counter
+
+    from tetri.scheduling.flip import ROLES, flip_path, flip_refusal
+
+    current = Counter(roles)
+    target = Counter(rnd.choice(ROLES) for _ in roles)
+    path = flip_path(current, target)
+    if path is None:
+        return
+    counts = Counter(current)
+    for a, b in path:
+        assert flip_refusal("x", a, "active", b, counts) is None
+        counts[a] -= 1
+        counts[b] += 1
+    assert +counts == +target
+    assert len(path) >= sum((current - target).values())  # no shorter way: each surplus instance flips once

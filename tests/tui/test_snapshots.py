@@ -10,6 +10,7 @@ from textual.widgets import DataTable, Label
 
 from tetrictl.client import Target, TetriClient
 from tetrictl.tui.app import TopApp
+from tetrictl.tui.screens import PolicyScreen
 
 from .daemon_docs import N_INSTANCES, N_REQUESTS, transport
 
@@ -51,6 +52,7 @@ def test_policy_screen(snap_compare):
         await loaded(pilot)
         await pilot.press("p")
         await pilot.pause(0.2)
+        assert isinstance(pilot.app.screen, PolicyScreen)  # open, every field shown (not a crash's last frame)
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
 

@@ -326,3 +326,29 @@ def test_answers_are_vllms_own_token_for_token(vc):
                     assert got[(name, kind, stream, i)] == want, (name, kind, stream, i)
     # real text (an answer may be empty: a random model can pick EOS first, and vLLM says so too)
     assert sum(1 for a in got.values() if a[0]) > len(got) * 3 // 4
+
+
+def test_a_hybrid_cluster_splits_the_long_prompts_and_answers_as_vllm(vc):
+    """Last in the module (it changes the cluster): a colocated vLLM worker joins the prefill/decode
+    workers' model, making it a hybrid; under `pd_route` length the short prompts run on it and the long
+    ones split, and every answer is still plain vLLM's, token for token."""
+    root = vc["root"]
+    co = vllm_worker(vc["grpc"], "colocated", "co-hybrid", vc["model"], root / "kv-s", "--served-model-name", DISAGG)
+    try:
+        wait_ready(co, "co-hybrid", timeout=START_TIMEOUT)
+        policies = {"pd_route": "length", "pd_prompt_tokens": 64}
+        assert httpx.put(f"{vc['url']}/api/v1/policies", json=policies, timeout=10).status_code == 200
+        for k, prompt in enumerate(PROMPTS):
+            r = complete(vc["url"], prompt, rid=f"hybrid-{k}")
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["token_ids"] == vc["ref"][k], f"prompt of {len(prompt)} tokens"
+        time.sleep(0.5)
+        for k, prompt in enumerate(PROMPTS):
+            got = row(vc["url"], f"hybrid-{k}")
+            assert got["status"] == "finished"
+            if len(prompt) >= 64:
+                assert got["prefill_instance"] == "prefill-a" and got["decode_instance"] in ("decode-b", "decode-c")
+            else:
+                assert got["prefill_instance"] == "co-hybrid", (len(prompt), got)
+    finally:
+        stop_all([co], grace=15)

@@ -1,19 +1,22 @@
 """`tetrictl advise`: for a workload (a trace), a profile, a GPU budget and SLOs, the setup to run.
 
-Every candidate runs on the simulator with the workload's own arrivals: each colocated baseline on all
-the GPUs, and TetriInfer at every P:D split × ChunkSize × prefill order × decode admission (the rest of
-its policies are the bench's: an oracle length predictor at 74.9%, power-of-two dispatch). A setup's
-**goodput** is the workload's offered rate ((requests − 1) / arrival span) × the share of its requests within
-their SLOs; the advice is the setup with the highest goodput, goodputs within 1% counting as equal and the
-lower mean JCT deciding among them, and a disaggregated setup only when it beats the best colocated one
-so. Colocated vllm-v1 is also tried admitting the least predicted work first (`queue_order` srpt, lengths
-from an oracle at the paper's 74.9%), and with either order putting the requests that waited past the
-SLO's TTFT after those that can still meet it (`ttft_target_s`), alone and with each of a few token
-budgets (`token_budget`: fewer prompt tokens an iteration, so lower TPOT, while the TTFT has slack), and,
-when asked (`ttft_misses`), rejecting those requests instead (`ttft_miss` reject: clients get 429); the
-result keeps every named baseline
-as vLLM runs it (FCFS, no predictor) under `baselines`. Beside it: TTFT and TPOT percentiles and the
-dollars per million output tokens (provisioned GPUs × the run's wall time × price).
+Every candidate runs on the simulator with the workload's own arrivals: each colocated baseline on all the
+GPUs, and TetriInfer at every P:D split × ChunkSize × prefill order × decode admission (the rest of its
+policies are the bench's: an oracle length predictor at 74.9%, power-of-two dispatch). A setup's **goodput**
+is the workload's offered rate ((requests − 1) / arrival span) × the share of its requests within their
+SLOs; the advice is the setup with the highest goodput, goodputs within 1% counting as equal and the lower
+mean JCT deciding among them, and a disaggregated setup only when it beats the best colocated one so.
+Colocated vllm-v1 is also tried admitting the least predicted work first (`queue_order` srpt, lengths from
+an oracle at the paper's 74.9%), and with either order putting the requests that waited past the SLO's TTFT
+after those that can still meet it (`ttft_target_s`), alone and with each of a few token budgets
+(`token_budget`: fewer prompt tokens an iteration, so lower TPOT, while the TTFT has slack), and, when asked
+(`ttft_misses`), rejecting those requests instead (`ttft_miss` reject: clients get 429); the result keeps
+every named baseline as vLLM runs it (FCFS, no predictor) under `baselines`. With 3 GPUs or more, hybrid
+clusters too: colocated, prefill and decode instances at once (every count of each), the daemon choosing per
+request (`pd_route` length) to split the prompts longer than the workload's median, 75th or 90th percentile
+and run the rest colocated (vllm-v1 with the TTFT target), P/D at the profile's ChunkSize, FCFS prefill,
+greedy admission, no length predictor. Beside it: TTFT and TPOT percentiles and the dollars per million
+output tokens (provisioned GPUs × the run's wall time × price).
 
 Pure: requests and a spec in, plain data out; the shell (`tetrictl advise`) reads the trace, prints,
 and with `--apply` sets the policies and flips instances on a live cluster to match.
@@ -42,7 +45,8 @@ from .workloads import Request, WorkloadSpecError
 Runner = Callable[[Sequence[Request], ClusterConfig], RunResult]
 Progress = Callable[[int, int], None]
 
-MODES = ("colocated", "disaggregated")
+MODES = ("colocated", "disaggregated", "hybrid")
+PROMPT_QUANTILES = (0.5, 0.75, 0.9)  # hybrid: split the prompts longer than these shares of the workload's
 # lengths as the paper's predictor knows them (74.9% of 200-token buckets right)
 ORACLE_74 = PolicySet(predictor="oracle", predictor_accuracy=PAPER_ACCURACY)
 
@@ -74,6 +78,8 @@ class AdviceSpec:
             raise WorkloadSpecError(f"--mode must be any, {' or '.join(MODES)}, got {','.join(self.modes) or 'none'}")
         if self.modes == ("disaggregated",) and self.gpus < 2:
             raise WorkloadSpecError(f"a disaggregated setup needs at least 2 GPUs, got --gpus {self.gpus}")
+        if self.modes == ("hybrid",) and self.gpus < 3:
+            raise WorkloadSpecError(f"a hybrid setup needs at least 3 GPUs, got --gpus {self.gpus}")
         if not self.ttft_misses or any(m not in TTFT_MISSES for m in self.ttft_misses):
             got = ",".join(self.ttft_misses) or "none"
             raise WorkloadSpecError(f"--ttft-miss must be one or more of {', '.join(TTFT_MISSES)}, got {got}")
@@ -90,8 +96,10 @@ class AdviceSpec:
             return self.chunks
         return tuple(sorted({default_chunk_size(load_profile(self.profile)), 256, 512, 1024}))
 
-    def candidates(self) -> list[dict[str, Any]]:
-        """Every setup to try: the colocated baselines, then TetriInfer's (a disaggregated setup needs 2 GPUs)."""
+    def candidates(self, prompt_lens: Sequence[int] = ()) -> list[dict[str, Any]]:
+        """Every setup to try: the colocated baselines, then TetriInfer's (a disaggregated setup needs 2 GPUs),
+        then the hybrids (3 GPUs: colocated, prefill and decode instances at once, each request colocated or
+        split by its prompt's length: at the `PROMPT_QUANTILES` of `prompt_lens`, the workload's)."""
         out: list[dict[str, Any]] = []
         for b in self.baselines if "colocated" in self.modes else ():
             pol = PolicySet(colocated_schedule=b)
@@ -118,6 +126,27 @@ class AdviceSpec:
                         out.append(
                             {"mode": "disaggregated", "prefill": p, "decode": self.gpus - p, "policies": pol.to_dict()}
                         )
+        lengths = np.asarray(prompt_lens) if len(prompt_lens) else np.asarray([512, 1024, 2048])
+        thresholds = sorted({max(1, int(q)) for q in np.quantile(lengths, PROMPT_QUANTILES)})
+        base = PolicySet(  # no length predictor: the route reads the prompt's length only
+            chunk_size=default_chunk_size(load_profile(self.profile)),
+            colocated_schedule="vllm-v1",
+            ttft_target_s=target,
+            pd_route="length",
+        )
+        for c in range(1, self.gpus - 1) if "hybrid" in self.modes else ():
+            for p in range(1, self.gpus - c):
+                for threshold in thresholds:
+                    pol = base.changed(pd_prompt_tokens=threshold)
+                    out.append(
+                        {
+                            "mode": "hybrid",
+                            "colocated": c,
+                            "prefill": p,
+                            "decode": self.gpus - c - p,
+                            "policies": pol.to_dict(),
+                        }
+                    )
         return out
 
 
@@ -131,6 +160,7 @@ def setup_config(spec: AdviceSpec, setup: dict[str, Any]) -> ClusterConfig:
         profile=spec.profile,
         instances=spec.gpus,
         prefill_instances=setup["prefill"],
+        colocated_instances=setup.get("colocated", 0) if setup["mode"] == "hybrid" else 0,
         policy=pol,
         seed=spec.seed,
     )
@@ -196,7 +226,7 @@ def advise(
     if peak > limit:
         raise WorkloadSpecError(f"a request needs {peak} tokens of context; {spec.profile}'s model has {limit}")
     rate = offered_rate(requests)
-    setups = spec.candidates()
+    setups = spec.candidates([r.prompt_len for r in requests])
     tried = []
     for k, setup in enumerate(setups):
         result = runner(requests, setup_config(spec, setup))
@@ -207,7 +237,8 @@ def advise(
     colocated = best(coloc)
     disagg = [t for t in tried if t["mode"] == "disaggregated"]
     best_disagg = best(disagg)
-    advice = best(coloc + disagg)  # over every setup at once (colocated first: it wins a tie)
+    hybrid = [t for t in tried if t["mode"] == "hybrid"]
+    advice = best(coloc + disagg + hybrid)  # over every setup at once (colocated first: it wins a tie)
     assert advice is not None  # AdviceSpec has at least one kind of setup, and GPUs for it
     return {
         "profile": spec.profile,
@@ -220,5 +251,6 @@ def advise(
         "baselines": {t["baseline"]: _kept(t) for t in coloc if t["baseline"]},  # as vLLM runs them
         "best_colocated": colocated,
         "best_disaggregated": best_disagg,
+        "best_hybrid": best(hybrid),
         "candidates": tried,
     }

@@ -176,3 +176,40 @@ def check_flip_policy(policy: str, low: float, high: float, window_s: float) -> 
         raise ValueError("flip thresholds need 0 ≤ low < high ≤ 1")
     if not window_s > 0:  # also refuses NaN
         raise ValueError("flip window must be positive")
+
+
+def flip_path(current: Mapping[str, int], target: Mapping[str, int]) -> list[tuple[str, str]] | None:
+    """The fewest flips, as (from role, to role) one at a time, that take a model's active instances from
+    `current` to `target` (counts by role), each allowed by `flip_refusal` when it starts; [] when already
+    there, None when no such sequence exists (the totals differ, or every way passes through a cluster
+    that could not serve). A breadth-first search over the counts: a few dozen states for a few GPUs."""
+    start = tuple(current.get(r, 0) for r in ROLES)
+    goal = tuple(target.get(r, 0) for r in ROLES)
+    if sum(start) != sum(goal):
+        return None
+    came: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[str, str]] | None] = {start: None}
+    frontier = [start]
+    while frontier and goal not in came:
+        nxt = []
+        for state in frontier:
+            counts = dict(zip(ROLES, state, strict=True))
+            for i, a in enumerate(ROLES):
+                for j, b in enumerate(ROLES):
+                    if not state[i] or flip_refusal("", a, "active", b, counts) is not None:
+                        continue
+                    moved = list(state)
+                    moved[i] -= 1
+                    moved[j] += 1
+                    key = tuple(moved)
+                    if key not in came:
+                        came[key] = (state, (a, b))
+                        nxt.append(key)
+        frontier = nxt
+    if goal not in came:
+        return None
+    path: list[tuple[str, str]] = []
+    at = goal
+    while (step := came[at]) is not None:
+        at, move = step
+        path.append(move)
+    return path[::-1]

@@ -165,7 +165,8 @@ class TopApp(App[None]):
             f"[b]instances[/b] {roles}\n[b]in flight[/b] {cluster['inflight']:,}\n[b]requests[/b] {byst}\n"
             f"[b]policies[/b] v{policies['version']}: prefill {p['prefill_policy']} "
             f"(batch {p['prefill_sched_batch']}, chunk {p['chunk_size']}), predictor {p['predictor']}, "
-            f"dispatch {p['dispatch']}, decode {p['decode_admission']}, flips {p['flip_policy']}"
+            f"dispatch {p['dispatch']}, decode {p['decode_admission']}, flips {p['flip_policy']}, "
+            f"route {p.get('pd_route', 'role')}"
         )
 
     def show_requests(self, page: dict[str, Any]) -> None:

@@ -14,7 +14,9 @@ from tetri.scheduling.admission import ADMISSION_POLICIES, RESERVE_POINTS
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
 from tetri.scheduling.flip import FLIP_POLICIES
 from tetri.scheduling.predictor import PREDICTORS
+from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import PREFILL_POLICIES
+from tetri.scheduling.routing import PD_ROUTES
 
 SELECTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "prefill_policy": ("prefill order", PREFILL_POLICIES),
@@ -23,6 +25,7 @@ SELECTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "decode_admission": ("decode admission", ADMISSION_POLICIES),
     "reserve_point": ("reserve point", RESERVE_POINTS),
     "flip_policy": ("flip policy", FLIP_POLICIES),
+    "pd_route": ("colocated or split", PD_ROUTES),
 }
 NUMBERS: dict[str, str] = {"prefill_sched_batch": "PrefillSchedBatch", "chunk_size": "ChunkSize (tokens)"}
 
@@ -60,7 +63,7 @@ class PolicyScreen(ModalScreen[dict[str, Any] | None]):
 
     def __init__(self, current: dict[str, Any]) -> None:
         super().__init__()
-        self.current = current
+        self.current = PolicySet().to_dict() | current  # a daemon of an older version lacks newer fields
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
