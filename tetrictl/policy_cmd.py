@@ -86,8 +86,9 @@ def set_(
         str | None,
         typer.Option(
             "--ttft-miss",
-            help=f"Colocated: a request past --ttft-target goes {_choices(TTFT_MISSES)} "
-            "(last: after those that can still meet it; reject: answered 429 with Retry-After, recorded rejected).",
+            help=f"A request past --ttft-target goes {_choices(TTFT_MISSES)} (last, colocated: after those that "
+            "can still meet it; reject, colocated and prefill instances: answered 429 with Retry-After, recorded "
+            "rejected).",
         ),
     ] = None,
     token_budget: Annotated[

@@ -367,6 +367,9 @@ class WorkerService(rpc.WorkerServicer):
             request = predicted
         try:
             out = await self.engine.prefill(req)
+        except Rejected as e:  # waited past the TTFT target (`ttft_miss` reject): the daemon answers 429
+            yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="rejected", error=str(e))
+            return
         except EngineError as e:
             yield _error_chunk(rid, str(e))
             return

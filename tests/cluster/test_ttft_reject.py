@@ -82,3 +82,53 @@ def test_requests_past_the_ttft_target_get_429_and_are_recorded_rejected(cluster
     rejected = [r for r in rows.values() if r["status"] == "rejected"]
     assert len(rejected) == 2 and all("TTFT target" in (r["error"] or "") for r in rejected)
     assert sum(r["status"] == "finished" for r in rows.values()) == 2
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
+    root: Path = tmp_path_factory.mktemp("reject-split")
+    c = start_cluster(root, ["prefill", "decode"], time_scale=1.0)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_prefill_instance_rejects_too_and_the_client_gets_429(split: LiveCluster) -> None:
+    """The split path: a burst of long prompts queues on the one prefill instance; those that waited past
+    the target with no chunk run are answered 429 and recorded rejected, the rest served whole."""
+    with httpx.Client(base_url=split.url, timeout=60) as h:
+        changes = {"ttft_target_s": 0.05, "ttft_miss": "reject"}
+        assert h.put("/api/v1/policies", json=changes).status_code == 200
+        version = h.get("/api/v1/policies").json()["version"]
+        deadline = time.monotonic() + 10
+        while {i["policy_version"] for i in h.get("/api/v1/instances").json()["instances"]} != {version}:
+            assert time.monotonic() < deadline, "the workers never took the policies"
+            time.sleep(0.05)
+    answers: list[httpx.Response] = []
+
+    def ask(i: int) -> None:
+        body = {"model": MODEL, "prompt": [11 + i] * 2000, "max_tokens": 4, "ignore_eos": True}
+        answers.append(httpx.post(split.url + "/v1/completions", json=body, timeout=60))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    codes = sorted(a.status_code for a in answers)
+    assert 200 in codes and 429 in codes and set(codes) == {200, 429}, codes
+    for a in answers:
+        if a.status_code == 429:
+            assert a.headers["retry-after"] == "1"
+            assert orjson.loads(a.content)["error"]["code"] == "ttft_target_missed"
+        else:
+            assert a.json()["usage"]["completion_tokens"] == 4
+    deadline = time.monotonic() + 10
+    rows = all_rows(split.db_url)
+    while any(r["status"] == "running" for r in rows.values()) or len(rows) < 12:
+        assert time.monotonic() < deadline, "rows still running"
+        time.sleep(0.05)
+        rows = all_rows(split.db_url)
+    assert sum(r["status"] == "rejected" for r in rows.values()) == codes.count(429)
+    assert sum(r["status"] == "finished" for r in rows.values()) == codes.count(200)

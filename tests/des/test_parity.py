@@ -74,7 +74,11 @@ def _live(
             return e
 
         async def tetri(pre: SimEngine, dec: SimEngine, r: Request, ereq: EngineRequest) -> None:
-            out = await pre.prefill(ereq)
+            try:
+                out = await pre.prefill(ereq)
+            except Rejected:  # turned away past its TTFT target, before its first token
+                assert pol.ttft_miss == "reject"
+                return
             if ereq.max_tokens > 1:
                 await dec.load_kv(ereq, out.kv)  # returns once the decode engine's admission pulled it
             await pre.release_kv(ereq.request_id)
@@ -141,6 +145,7 @@ TETRI = ClusterConfig(mode="tetri", profile=PROFILE, instances=2, prefill_instan
         ("HPHD", PolicySet(predictor="oracle", decode_admission="reserve-static", reserve_point="upper")),
         ("LPLD", PolicySet(decode_admission="plan", predictor="oracle")),
         ("Mixed", PolicySet(queue_order="srpt", predictor="oracle", predictor_accuracy=0.749, aging_admissions=8)),
+        ("HPLD", PolicySet(ttft_target_s=0.5, ttft_miss="reject")),
     ],
 )
 def test_simulator_and_live_engines_make_the_same_iterations_disaggregated(workload: str, policy: PolicySet):
@@ -151,7 +156,11 @@ def test_simulator_and_live_engines_make_the_same_iterations_disaggregated(workl
         random.Random(1).shuffle(order)
         config = dataclasses.replace(config, plan_order=(*order[:40], "never-sent"))
     sim = _simulated(reqs, config)
-    assert sum(len(p.pulled) for _, p in sim["gpu1"]) == len(reqs)  # every request was pulled once
+    rejected = [rid for _, p in sim["gpu0"] for rid in p.rejected]
+    if policy.ttft_miss == "reject":  # the prefill instance turned some away; the rest were served
+        assert rejected and len(set(rejected)) == len(rejected) < len(reqs)
+    # every request served was pulled once
+    assert sum(len(p.pulled) for _, p in sim["gpu1"]) == len(reqs) - len(rejected)
     _assert_same(_live(reqs, config), sim)
 
 

@@ -112,3 +112,27 @@ def test_a_small_budget_still_gives_a_prompt_a_token_beside_many_decodes() -> No
     s.add(SchedRequest("p", 50, 100, arrival=0.0, output_len=5))
     plan = s.schedule(0.0)
     assert plan is not None and ("p", 0, 1) in [tuple(x) for x in plan.pieces]  # 3 decodes + 1 prompt token
+
+
+def test_a_prefill_instance_rejects_the_prompts_not_started_past_their_target() -> None:
+    """On the split path too: a prompt admitted to the prefill queue (its KV taken eagerly) but with no
+    chunk run yet, or still waiting for KV, leaves at the target; one part-way through its prefill stays."""
+    pol = PolicySet(chunk_size=512, ttft_target_s=0.5, ttft_miss="reject")
+    s = InstanceScheduler("prefill", COST, pol)
+    s.add(SchedRequest("started", 2000, 10, arrival=0.0, output_len=5))
+    plan = s.schedule(0.0)  # the first 512 tokens of the long prompt
+    assert plan is not None and [p.request_id for p in plan.pieces] == ["started"] and plan.rejected == ()
+    s.complete(plan)
+    s.add(SchedRequest("queued", 100, 10, arrival=0.1, output_len=5))
+    s.add(SchedRequest("fresh", 100, 10, arrival=0.6, output_len=5))
+    plan = s.schedule(0.7)  # queued waited 0.6 s with nothing run: out; started and fresh stay
+    assert plan is not None and plan.kind == "prefill" and plan.rejected == ("queued",)
+    assert "queued" not in s and "started" in s and "fresh" in s
+    s.check()
+    assert all(p.request_id != "queued" for p in plan.pieces)
+    # with nothing else to run the plan is empty but for the rejection
+    idle = InstanceScheduler("prefill", COST, pol)
+    idle.add(SchedRequest("late", 100, 10, arrival=0.0, output_len=5))
+    plan = idle.schedule(1.0)
+    assert plan is not None and plan.pieces == () and plan.rejected == ("late",) and plan.kind == "prefill"
+    assert len(idle) == 0

@@ -420,6 +420,10 @@ class InstanceScheduler:
                 self._whole.add(PrefillItem(r.req.request_id, r.req.prompt_len, r.seq))
 
     def _schedule_prefill(self) -> IterationPlan | None:
+        rejected = self._reject_late()
+        return self._with_rejected(self._plan_prefill(), rejected)
+
+    def _plan_prefill(self) -> IterationPlan | None:
         self._sync_prefill_mode()
         while self._waiting and len(self._prefilling) < self.max_num_seqs:
             r = self._waiting[0]
@@ -488,21 +492,31 @@ class InstanceScheduler:
             plan = self._schedule_mixed()
         else:
             plan = self._schedule_prefill_first(padded=schedule == "vllm-v0")
+        return self._with_rejected(plan, rejected)
+
+    def _with_rejected(self, plan: IterationPlan | None, rejected: tuple[str, ...]) -> IterationPlan | None:
+        """The plan with the requests `_reject_late` turned away (an empty one when there is nothing to run)."""
         if not rejected:
             return plan
         if plan is None:
-            return IterationPlan("decode", (), 0.0, self._used, rejected=rejected)
+            kind = "prefill" if self.role == "prefill" else "decode"
+            return IterationPlan(kind, (), 0.0, self._used, rejected=rejected)
         return dataclasses.replace(plan, rejected=rejected)
 
     def _reject_late(self) -> tuple[str, ...]:
         """`ttft_miss` reject (with `ttft_target_s`): the requests not started that have waited past the
         target leave now, rather than wait behind those that can still meet theirs; the shell answers
         each 429 (the client may retry elsewhere) and records it rejected. The requests not started are in
-        arrival order in the queue (after the preempted), so the late ones are the first of them."""
+        arrival order in the queue (after the preempted), so the late ones are the first of them. A prefill
+        instance's prompts not started are also those admitted to its prefill queue with no chunk run yet
+        (its KV admission is eager); there the prefill order, not arrival, decides, so each is looked at."""
         target, now = self.policies.ttft_target_s, self._now
         if self.policies.ttft_miss != "reject" or not target or now is None:
             return ()
         late: list[str] = []
+        if self.role == "prefill":
+            queued = [r for r in self._prefilling.values() if r.filled == 0]
+            late = [r.req.request_id for r in queued if now - r.req.arrival > target]
         for r in self._waiting:
             if self._started(r):
                 continue

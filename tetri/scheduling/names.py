@@ -7,4 +7,5 @@ ADMISSION_POLICIES = ("greedy", "reserve-static", "reserve-dynamic", "plan")
 RESERVE_POINTS = ("lower", "mid", "upper")
 PREDICTORS = ("none", "oracle", "learned")
 QUEUE_ORDERS = ("fcfs", "srpt")  # the order decode and colocated instances admit waiting requests in
-TTFT_MISSES = ("last", "reject")  # what a colocated instance does with a request past its ttft_target_s
+# what a colocated instance (reject: a prefill instance too) does with a request past ttft_target_s
+TTFT_MISSES = ("last", "reject")

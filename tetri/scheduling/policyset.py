@@ -45,7 +45,8 @@ class PolicySet:
     aging_admissions: int = 256  # srpt: a request waiting while this many others are admitted goes first
     ttft_target_s: float = 0.0  # colocated: requests that waited past it go after those that can meet it
     # (until aging_admissions others were admitted); 0: off
-    ttft_miss: str = "last"  # last (as above) | reject: a request past ttft_target_s leaves, answered 429
+    ttft_miss: str = "last"  # last (as above) | reject: a request past ttft_target_s leaves, answered 429 (on
+    # prefill instances too: a prompt with no chunk run yet)
     token_budget: int = 0  # vllm-v1: tokens an iteration while no prompt is urgent (instance.py); 0: the
     # engine's max_num_batched_tokens
     pd_route: str = "role"  # role | split | length: colocated or split, per request (tetri.scheduling.routing)

@@ -13,8 +13,8 @@ from textual.widgets import Button, Input, Label, Markdown, Select
 from tetri.scheduling.admission import ADMISSION_POLICIES, RESERVE_POINTS
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
 from tetri.scheduling.flip import FLIP_POLICIES
-from tetri.scheduling.predictor import PREDICTORS
 from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.predictor import PREDICTORS
 from tetri.scheduling.prefill import PREFILL_POLICIES
 from tetri.scheduling.routing import PD_ROUTES
 

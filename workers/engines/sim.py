@@ -374,9 +374,14 @@ class SimEngine(Engine):
     def _rejected(self, rid: str) -> None:
         """The scheduler dropped a request that waited past its TTFT target: its stream ends with why."""
         seq = self._seqs.pop(rid, None)
-        if seq is not None and seq.queue is not None:
-            target = self.sched.policies.ttft_target_s
-            seq.queue.put_nowait(Rejected(f"request {rid} waited past its {target:g} s TTFT target: rejected"))
+        if seq is None:
+            return
+        target = self.sched.policies.ttft_target_s
+        error = Rejected(f"request {rid} waited past its {target:g} s TTFT target: rejected")
+        if seq.queue is not None:
+            seq.queue.put_nowait(error)
+        if seq.future is not None and not seq.future.done():  # a prefill instance's prompt
+            seq.future.set_exception(error)
 
     def _fail_all(self, error: EngineError) -> None:
         for seq in list(self._seqs.values()):
