@@ -403,14 +403,16 @@ class Cluster:
         exclude: frozenset[str] = frozenset(),
         prompt_len: int = 0,
         predicted: tuple[int, int] | None = None,
+        split: bool = False,
     ) -> Instance | None:
         """Where a request for `model` starts (TetriInfer §3.2): the least-loaded active colocated instance,
         or the least-loaded active prefill instance provided an active decode instance can take its
         hand-over; none of `exclude`. When the model has both, the policies' `pd_route` chooses between them
         for this request (`choose_path`: its prompt length, predicted output range and the two entries'
-        loads). None: no instance can take it now."""
+        loads); `split`: only a prefill instance (the request names its decode instance). None: no instance
+        can take it now."""
         routes = self._index()
-        colocated = routes.get(("colocated", model))
+        colocated = None if split else routes.get(("colocated", model))
         c = colocated.best(exclude) if colocated else None
         prefill = routes.get(("prefill", model)) if routes.get(("decode", model)) else None
         p = prefill.best(exclude) if prefill else None

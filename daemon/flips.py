@@ -80,7 +80,12 @@ class Flipper:
         to = to_role or ("decode" if inst.role == "prefill" else "prefill")
         state = "flipping" if inst.flip_pending else inst.state
         active = Counter(i.role for i in self.cluster.healthy(*ROLES, model=inst.model))
-        refusal = flip_refusal(inst.id, inst.role, state, to, active)
+        draining = sum(
+            1
+            for i in self.cluster.instances.values()
+            if i.model == inst.model and i.role == "prefill" and i.flip_pending
+        )
+        refusal = flip_refusal(inst.id, inst.role, state, to, active, draining)
         if refusal is not None:
             raise FlipError(400 if refusal.param == "to" else 409, refusal.reason)
         return inst, to

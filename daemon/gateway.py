@@ -94,9 +94,10 @@ class Gateway:
         exclude: frozenset[str] = frozenset(),
         prompt_len: int = 0,
         predicted: tuple[int, int] | None = None,
+        split: bool = False,
     ) -> Instance:
         started = time.perf_counter()
-        inst = self.cluster.entry(model, exclude, prompt_len, predicted)
+        inst = self.cluster.entry(model, exclude, prompt_len, predicted, split)
         if inst is None:
             raise NoInstance("no healthy instance can serve the request (need prefill + decode, or colocated)")
         self.metrics.route.observe(time.perf_counter() - started)
@@ -239,17 +240,23 @@ class Gateway:
         return "colocated" in roles or {"prefill", "decode"} <= roles
 
     async def entry(
-        self, fl: Inflight, exclude: frozenset[str], prompt_len: int = 0, predicted: tuple[int, int] | None = None
+        self,
+        fl: Inflight,
+        exclude: frozenset[str],
+        prompt_len: int = 0,
+        predicted: tuple[int, int] | None = None,
+        split: bool = False,
     ) -> Instance | str:
         """The entry instance for this attempt, or why there is none. A migrating request waits up to
         `migration_wait_s` for one (a worker restarting); a new request up to `entry_wait_s` while its
         model's instances are registered but none can take it now (a load report late on a busy host, a
         flip, a drain), and not at all when they are not. `prompt_len` and `predicted` (what is left of the
-        predicted range) choose colocated or split where the model has both (`Cluster.entry`)."""
+        predicted range) choose colocated or split where the model has both (`Cluster.entry`); `split` (a
+        decode instance pinned) only split."""
         start = time.monotonic()
         while True:
             try:
-                return self.pick_entry(fl.model, exclude, prompt_len, predicted)
+                return self.pick_entry(fl.model, exclude, prompt_len, predicted, split)
             except NoInstance as e:
                 wait = self.migration_wait_s if fl.migrations else self.entry_wait_s * self.registered(fl.model)
                 if time.monotonic() - start >= wait or fl.cancelled or fl.interrupted:

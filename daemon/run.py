@@ -257,7 +257,7 @@ class Run:
         while True:
             # a lost instance is out of routing (unhealthy) until it reports again: a worker restarted under
             # the same id is a candidate again
-            entry = await gw.entry(fl, frozenset(refused), len(prompt), predicted)
+            entry = await gw.entry(fl, frozenset(refused), len(prompt), predicted, split=bool(pin))
             if fl.interrupted:
                 return Failed(fl.interrupted, Status.INTERRUPTED)
             if isinstance(entry, str):

@@ -31,7 +31,8 @@ from .procs import start_local_cluster
 def _roles(config: ClusterConfig) -> list[str]:
     if config.mode == "vanilla":
         return ["colocated"] * config.instances
-    return ["prefill"] * config.prefill_instances + ["decode"] * (config.instances - config.prefill_instances)
+    p, c = config.prefill_instances, config.colocated_instances
+    return ["prefill"] * p + ["decode"] * (config.instances - p - c) + ["colocated"] * c
 
 
 async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> tuple[dict[str, str], dict[str, float]]:
@@ -89,7 +90,11 @@ def live_runner(time_scale: float = 1.0) -> Runner:
             state_dir=state,
             profile=profile,
             time_scale=time_scale,
-            mode="colocated" if config.mode == "vanilla" else "disaggregated",
+            mode="colocated"
+            if config.mode == "vanilla"
+            else "hybrid"
+            if config.colocated_instances
+            else "disaggregated",
         )
         try:
             ids, rows, t_start, preempt, rejected = asyncio.run(_run(cluster.url, config, requests, time_scale))

@@ -116,7 +116,8 @@ def set_(
         int | None,
         typer.Option(
             "--pd-output-tokens",
-            help="--pd-route length: and requests predicted to produce this many tokens (0: not considered).",
+            help="--pd-route length: and requests predicted to produce this many tokens (the upper end of the "
+            "length predictor's range; 0 or --predictor none: not considered).",
         ),
     ] = None,
     url: UrlOpt = None,

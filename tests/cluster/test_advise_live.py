@@ -46,11 +46,12 @@ def test_advise_on_an_exported_trace_applies_and_the_live_rerun_gets_the_predict
         assert r.returncode == 0, r.stderr
         trace = read_trace(trace_file.read_text().splitlines())
         assert len(trace) == 160
-        # against the paper's baseline only: at this rate its prefills stall its decodes, so the advice is
-        # a hybrid (tests/des/test_advise.py): the long prompts split, the short colocated, which takes
-        # flips between the three roles
+        # a P/D split or a hybrid (colocated instances as vllm-v1): at this rate the advice is a hybrid, the
+        # long prompts split and the short colocated (the same JCT-deciding goodput tie as the simulator's
+        # 1C+2P+1D over 3P+1D on this trace), which takes flips between the three roles
         args = ["advise", "--trace", str(trace_file), "--profile", PROFILE, "--gpus", "4", "--chunks", "256"]
-        args += ["--baseline", "vllm-v0", "--slo", SLO[0], "--apply", "--url", c.url, "--json"]
+        args += ["--baseline", "vllm-v1", "--mode", "disaggregated,hybrid", "--slo", SLO[0]]
+        args += ["--apply", "--url", c.url, "--json"]
         r = tetrictl(*args)
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)

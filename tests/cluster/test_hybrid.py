@@ -35,9 +35,11 @@ def _wait(predicate, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def _serve(h: httpx.Client, prompt_len: int, seed: int = 7) -> dict:
-    """One request to its end; its row once written."""
+def _serve(h: httpx.Client, prompt_len: int, seed: int = 7, pin: str | None = None) -> dict:
+    """One request to its end (`pin`: the decode instance it names); its row once written."""
     body = {"model": MODEL, "prompt": [seed] * prompt_len, "max_tokens": 8, "ignore_eos": True}
+    if pin is not None:
+        body["tetri"] = {"decode_instance": pin}
     r = h.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     rid = r.json()["id"]
@@ -71,6 +73,7 @@ def test_the_route_chooses_per_request_and_is_hot_swapped(cluster: LiveCluster) 
         assert h.put("/api/v1/policies", json=changes).status_code == 200
         paths = {n: _path(_serve(h, n, seed=n), c, p, d) for n in (40, 199, 200, 400, 60, 900)}
         assert paths == {40: "colocated", 199: "colocated", 200: "split", 400: "split", 60: "colocated", 900: "split"}
+        assert _path(_serve(h, 40, pin=d), c, p, d) == "split"  # a request naming its decode instance splits
         assert h.put("/api/v1/policies", json={"pd_route": "split"}).status_code == 200
         assert {_path(_serve(h, n), c, p, d) for n in (40, 400)} == {"split"}
         bad = h.put("/api/v1/policies", json={"pd_route": "shortest"})

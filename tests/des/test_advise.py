@@ -34,7 +34,10 @@ def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated
     # hybrids: 1 colocated + 1 prefill + 1 decode, prompts split at the median, 75th and 90th percentiles
     quantiles = {max(1, int(q)) for q in np.quantile([r.prompt_len for r in reqs], (0.5, 0.75, 0.9))}
     hybrids = [c for c in doc["candidates"] if c["mode"] == "hybrid"]
-    assert {c["policies"]["pd_prompt_tokens"] for c in hybrids} == quantiles and len(hybrids) == len(quantiles)
+    assert {c["policies"]["pd_prompt_tokens"] for c in hybrids} == quantiles
+    # the colocated instances of a hybrid run each named baseline's schedule
+    assert {c["policies"]["colocated_schedule"] for c in hybrids} == set(baselines)
+    assert len(hybrids) == len(quantiles) * len(baselines)
     assert all((c["colocated"], c["prefill"], c["decode"]) == (1, 1, 1) for c in hybrids)
     assert all(c["policies"]["pd_route"] == "length" for c in hybrids)
     assert doc["best_hybrid"] in hybrids
@@ -81,11 +84,17 @@ def test_at_a_load_only_disaggregation_serves_well_the_advice_is_disaggregated()
     doc = advise(reqs, spec)
     assert doc["advice"]["mode"] == "disaggregated"
     assert doc["advice"]["outcome"]["within_slo"] > doc["best_colocated"]["outcome"]["within_slo"]
-    # hybrids too: one beats every P:D split here, as good a goodput at a lower mean JCT (the short prompts
-    # skip the hand-over and the prefill queue)
+    # a hybrid's colocated instances run the named baseline's schedule: as vllm-v0, no hybrid beats the split
     hybrid = advise(reqs, dataclasses.replace(spec, modes=("colocated", "disaggregated", "hybrid")))
-    assert hybrid["advice"]["mode"] == "hybrid" and hybrid["advice"] == hybrid["best_hybrid"]
-    h, d = hybrid["advice"]["outcome"], doc["advice"]["outcome"]
+    assert (
+        hybrid["advice"]["mode"] == "disaggregated"
+        and hybrid["best_hybrid"]["policies"]["colocated_schedule"] == "vllm-v0"
+    )
+    # as vllm-v1, one beats every P:D split: as good a goodput at a lower mean JCT (the short prompts skip
+    # the hand-over and the prefill queue)
+    v1 = advise(reqs, dataclasses.replace(spec, baselines=("vllm-v1",), modes=("disaggregated", "hybrid")))
+    assert v1["advice"]["mode"] == "hybrid" and v1["advice"] == v1["best_hybrid"]
+    h, d = v1["advice"]["outcome"], v1["best_disaggregated"]["outcome"]
     assert h["goodput_rps"] * 1.01 >= d["goodput_rps"] and h["avg_jct_s"] < d["avg_jct_s"]
 
 

@@ -94,3 +94,26 @@ def test_flips_between_the_three_roles_under_load_lose_nothing():
     assert any(r.prefill_instance == "gpu0" for r in late)
     # between the flips, gpu3 decoded what gpu0 prefilled
     assert any(r.decode_instance == "gpu3" and r.prefill_instance == "gpu0" for r in res.requests)
+
+
+def test_a_decode_instance_does_not_flip_away_from_a_draining_prefill_instance():
+    """Flips asked at once: the prefill instance drains toward colocated, so the only decode instance must
+    stay (its held KV goes there); the simulation ends, every request served."""
+    reqs = make_workload("Mixed", 200, seed=4, rate=3.0)
+    cfg = dataclasses.replace(HYBRID, instances=3, colocated_instances=1)  # gpu0 P, gpu1 D, gpu2 C
+    watcher = Scripted(
+        [(5.0, FlipDecision("gpu0", "colocated", "test")), (5.0, FlipDecision("gpu1", "colocated", "test: refused"))]
+    )
+    res = simulate(reqs, cfg, watcher=watcher, check_kv=True)
+    check_conservation(reqs, res)
+    assert [(f.instance_id, f.to_role) for f in res.flips] == [("gpu0", "colocated")]
+
+
+def test_a_prefill_instance_whose_last_work_was_rejected_finishes_its_flip():
+    reqs = [r for r in make_workload("HPLD", 80, seed=5, rate=float("inf"))]
+    pol = TETRI_POLICY.changed(ttft_target_s=0.05, ttft_miss="reject")
+    cfg = ClusterConfig(instances=3, prefill_instances=2, policy=pol)
+    res = simulate(reqs, cfg, watcher=Scripted([(0.01, FlipDecision("gpu0", "decode", "test"))]), check_kv=True)
+    assert res.rejected and any(x.instance == "gpu0" for x in res.rejected)
+    assert [(f.instance_id, f.to_role) for f in res.flips] == [("gpu0", "decode")]
+    assert len(res.requests) + len(res.rejected) == len(reqs)

@@ -364,3 +364,13 @@ def test_every_flip_on_the_path_is_allowed_when_it_starts(roles: list[str], rnd)
         counts[b] += 1
     assert +counts == +target
     assert len(path) >= sum((current - target).values())  # no shorter way: each surplus instance flips once
+
+
+def test_the_last_decode_instance_stays_while_a_prefill_instance_drains() -> None:
+    from tetri.scheduling.flip import flip_refusal
+
+    # 1C+1P+1D: the prefill instance is flipping to colocated; its held KV still goes to the decode instance
+    after = {"colocated": 1, "decode": 1}
+    assert flip_refusal("d0", "decode", "active", "colocated", after) is None  # once it is gone
+    held = flip_refusal("d0", "decode", "active", "colocated", after, draining_prefill=1)
+    assert held is not None and "last active decode" in held.reason

@@ -13,10 +13,10 @@ after those that can still meet it (`ttft_target_s`), alone and with each of a f
 (`ttft_misses`), rejecting those requests instead (`ttft_miss` reject: clients get 429); the result keeps
 every named baseline as vLLM runs it (FCFS, no predictor) under `baselines`. With 3 GPUs or more, hybrid
 clusters too: colocated, prefill and decode instances at once (every count of each), the daemon choosing per
-request (`pd_route` length) to split the prompts longer than the workload's median, 75th or 90th percentile
-and run the rest colocated (vllm-v1 with the TTFT target), P/D at the profile's ChunkSize, FCFS prefill,
-greedy admission, no length predictor. Beside it: TTFT and TPOT percentiles and the dollars per million
-output tokens (provisioned GPUs × the run's wall time × price).
+request (`pd_route` length) to split the prompts at least as long as the workload's median, 75th or 90th
+percentile and run the rest colocated (each named baseline's schedule with the TTFT target), P/D at the
+profile's ChunkSize, FCFS prefill, greedy admission, no length predictor. Beside it: TTFT and TPOT
+percentiles and the dollars per million output tokens (provisioned GPUs × the run's wall time × price).
 
 Pure: requests and a spec in, plain data out; the shell (`tetrictl advise`) reads the trace, prints,
 and with `--apply` sets the policies and flips instances on a live cluster to match.
@@ -46,6 +46,7 @@ Runner = Callable[[Sequence[Request], ClusterConfig], RunResult]
 Progress = Callable[[int, int], None]
 
 MODES = ("colocated", "disaggregated", "hybrid")
+MIN_GPUS = {"colocated": 1, "disaggregated": 2, "hybrid": 3}
 PROMPT_QUANTILES = (0.5, 0.75, 0.9)  # hybrid: split the prompts longer than these shares of the workload's
 # lengths as the paper's predictor knows them (74.9% of 200-token buckets right)
 ORACLE_74 = PolicySet(predictor="oracle", predictor_accuracy=PAPER_ACCURACY)
@@ -76,10 +77,11 @@ class AdviceSpec:
             raise WorkloadSpecError(f"--chunks: each ChunkSize must be at least 1 token, got {list(self.chunks)}")
         if not self.modes or any(m not in MODES for m in self.modes):
             raise WorkloadSpecError(f"--mode must be any, {' or '.join(MODES)}, got {','.join(self.modes) or 'none'}")
-        if self.modes == ("disaggregated",) and self.gpus < 2:
-            raise WorkloadSpecError(f"a disaggregated setup needs at least 2 GPUs, got --gpus {self.gpus}")
-        if self.modes == ("hybrid",) and self.gpus < 3:
-            raise WorkloadSpecError(f"a hybrid setup needs at least 3 GPUs, got --gpus {self.gpus}")
+        fits = [m for m in self.modes if self.gpus >= MIN_GPUS[m]]
+        if not fits:
+            need = min(MIN_GPUS[m] for m in self.modes)
+            kinds = " or ".join(self.modes)
+            raise WorkloadSpecError(f"a {kinds} setup needs at least {need} GPUs, got --gpus {self.gpus}")
         if not self.ttft_misses or any(m not in TTFT_MISSES for m in self.ttft_misses):
             got = ",".join(self.ttft_misses) or "none"
             raise WorkloadSpecError(f"--ttft-miss must be one or more of {', '.join(TTFT_MISSES)}, got {got}")
@@ -130,14 +132,13 @@ class AdviceSpec:
         thresholds = sorted({max(1, int(q)) for q in np.quantile(lengths, PROMPT_QUANTILES)})
         base = PolicySet(  # no length predictor: the route reads the prompt's length only
             chunk_size=default_chunk_size(load_profile(self.profile)),
-            colocated_schedule="vllm-v1",
             ttft_target_s=target,
             pd_route="length",
         )
         for c in range(1, self.gpus - 1) if "hybrid" in self.modes else ():
             for p in range(1, self.gpus - c):
-                for threshold in thresholds:
-                    pol = base.changed(pd_prompt_tokens=threshold)
+                for threshold, schedule in ((t, b) for t in thresholds for b in self.baselines):
+                    pol = base.changed(pd_prompt_tokens=threshold, colocated_schedule=schedule)
                     out.append(
                         {
                             "mode": "hybrid",

@@ -357,6 +357,7 @@ class _Sim:
             self.releases.append((req.p_inst, rid))
             self._push(now + self.cost.transfer_time(req.prompt), _LOADED, req)
         if not plan.pieces:
+            self._check_drained(inst)  # its last requests may just have been turned away
             return
         if plan.kind != "decode":
             for piece in plan.pieces:  # a chunk's few pieces (mixed: the decodes' requests started long ago)
@@ -544,7 +545,8 @@ class _Sim:
         if inst is None:
             return
         active = Counter(i.role for i in self.instances if i.state == "active")
-        if flip_refusal(inst.iid, inst.role, inst.state, decision.to_role, active) is not None:
+        draining = sum(1 for i in self.instances if i.role == "prefill" and i.state in ("draining", "flipping"))
+        if flip_refusal(inst.iid, inst.role, inst.state, decision.to_role, active, draining) is not None:
             return
         inst.state = "draining"
         self._flip_open[inst.iid] = (decision, inst.role, self.now, None)
@@ -572,8 +574,9 @@ class _Sim:
         inst.state = "active"
         inst.sched = self._scheduler(inst.role)
         self.flips.append(FlipRecord(inst.iid, role, inst.role, decision.reason, started, drained, self.now))
-        while self.undispatched:
-            self._dispatch(self.undispatched.popleft())
+        waiting, self.undispatched = self.undispatched, deque()
+        for req in waiting:  # those still without an active decode instance wait for the next flip
+            self._dispatch(req)
 
     # --- result --------------------------------------------------------------------------------
 

@@ -138,7 +138,12 @@ ROLES = ("colocated", "prefill", "decode")
 
 
 def flip_refusal(
-    instance_id: str, role: str, state: str, to_role: str, active: Mapping[str, int] | None
+    instance_id: str,
+    role: str,
+    state: str,
+    to_role: str,
+    active: Mapping[str, int] | None,
+    draining_prefill: int = 0,
 ) -> FlipRefusal | None:
     """Why an instance may not flip to `to_role` now (None: it may). The one rule the daemon's flip API,
     the worker's Flip RPC and the simulator all apply: between the three roles (colocated, prefill,
@@ -146,7 +151,7 @@ def flip_refusal(
     drains. `active` counts the model's active instances by role, this one included (None where the
     caller cannot know — a worker — and the daemon has checked): without this one there must still be a
     colocated instance or a prefill and a decode instance, and the last decode instance stays while a
-    prefill instance does (prefill instances hand their KV over to one)."""
+    prefill instance does, active or still draining (`draining_prefill`: its held KV goes to one)."""
     if role not in ROLES:
         return FlipRefusal(f"instance {instance_id} is {role}: only colocated, prefill and decode instances flip")
     if to_role not in ROLES:
@@ -162,7 +167,7 @@ def flip_refusal(
     rest = {r: active.get(r, 0) - (r == role) for r in ROLES}
     if not rest["colocated"] and not (rest["prefill"] and rest["decode"]):
         return FlipRefusal(f"instance {instance_id} is the last active {role} instance (nothing else could serve)")
-    if role == "decode" and not rest["decode"] and rest["prefill"]:
+    if role == "decode" and not rest["decode"] and (rest["prefill"] or draining_prefill):
         return FlipRefusal(
             f"instance {instance_id} is the last active decode instance (prefill instances hand over to it)"
         )

@@ -131,8 +131,9 @@ class Usage:
     kv_capacity_tokens: int
     kv_used_tokens: int
     held_tokens: int  # prefill: KV of prefilled prompts not yet pulled by a decode instance
-    running: int  # prefilling, loading or decoding
-    waiting: int  # waiting for KV admission (prefill) or admission (decode: remote or preempted)
+    running: int  # prefilling (prefill: a chunk of it has run), loading or decoding
+    waiting: int  # not started: waiting for KV admission or, admitted, for its first chunk (prefill); for
+    # admission (decode: remote or preempted; colocated)
     held: int  # prefill: prompts done, KV not yet pulled
     preemptions: int
     heavy: int  # requests here predicted heavy (> HEAVY_DECODE tokens), for dispatch
@@ -353,12 +354,15 @@ class InstanceScheduler:
         return self._used
 
     def usage(self) -> Usage:
+        # a prefill instance admits prompts to its prefill queue eagerly (KV permitting): those with no
+        # chunk run yet wait as much as those waiting for KV (the router's backlog, the load report's queue)
+        queued = sum(1 for r in self._prefilling.values() if not r.filled) if self.role == "prefill" else 0
         return Usage(
             kv_capacity_tokens=self.capacity,
             kv_used_tokens=self._used,
             held_tokens=self._held_tokens,
-            running=len(self._prefilling) + len(self._loading) + len(self._running),
-            waiting=len(self._waiting),
+            running=len(self._prefilling) - queued + len(self._loading) + len(self._running),
+            waiting=len(self._waiting) + queued,
             held=self._held,
             preemptions=self.preemptions,
             heavy=self._heavy,
@@ -515,10 +519,10 @@ class InstanceScheduler:
             return ()
         late: list[str] = []
         if self.role == "prefill":
-            queued = [r for r in self._prefilling.values() if r.filled == 0]
+            queued = [r for r in self._prefilling.values() if r.filled == 0 and not r.req.resumed]
             late = [r.req.request_id for r in queued if now - r.req.arrival > target]
         for r in self._waiting:
-            if self._started(r):
+            if self._started(r) or r.req.resumed:  # a migrated request's client has part of its answer
                 continue
             if now - r.req.arrival <= target:
                 break

@@ -48,7 +48,10 @@ BACKLOG_SLACK = 4  # `length`: the preferred path may have this many more reques
 
 def backlog(x: InstanceLoad) -> int:
     """Requests at the instance that have not started: the fresher of its reported queue and the router's
-    count less what it reported running."""
+    count less what it reported running. A prefill instance reports as queued the prompts admitted to its
+    prefill queue with no chunk run (`Usage.waiting`). The daemon's count of a prefill instance ends at the
+    hand-over, after a decode instance pulled the KV, so there it also holds the prompts done and waiting
+    to be pulled (a congested split path); the simulator's ends at the prefill (it sees loads exactly)."""
     return max(x.queued, x.inflight - x.running)
 
 

@@ -218,6 +218,9 @@ class TopApp(App[None]):
         if inst is None:
             self.notify("no instance to flip", severity="warning")
             return
+        if inst["role"] == "colocated":  # which of the two split roles is the operator's call
+            self.notify(f"tetrictl flip {inst['id']} --to prefill|decode", title="a colocated instance", timeout=8)
+            return
         to = "decode" if inst["role"] == "prefill" else "prefill"
 
         def confirmed(yes: bool | None) -> None:

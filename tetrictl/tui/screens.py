@@ -113,7 +113,7 @@ The dashboard of a Tetri cluster; it refreshes twice a second and talks to the d
 | key | action |
 |---|---|
 | `tab` / `shift+tab` | move between the instances and requests tables |
-| `f` | flip the highlighted instance to the other role (asks first) |
+| `f` | flip the highlighted prefill or decode instance to the other role (asks first; colocated: `tetrictl flip`) |
 | `p` | change the scheduling policies |
 | `r` | plan replay: start, stop, watch its progress |
 | `s` | cycle the requests filter by status |
