@@ -150,9 +150,9 @@ def test_top_in_tmux_each_key_against_the_api(up: dict, tmp_path: Path):
 
         # ?: help; it closes with escape
         tmux.keys("?")
-        tmux.wait(lambda s: "flip the highlighted instance to the other role" in s, "the help screen")
+        tmux.wait(lambda s: "flip the highlighted prefill or decode instance" in s, "the help screen")
         tmux.keys("Escape")
-        tmux.wait(lambda s: "flip the highlighted instance" not in s, "the help to close")
+        tmux.wait(lambda s: "flip the highlighted prefill or decode instance" not in s, "the help to close")
 
         # q: the dashboard exits 0
         tmux.keys("q")
