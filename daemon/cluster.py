@@ -420,7 +420,14 @@ class Cluster:
             pol = self.policies
             c_load, p_load = self.instances[c].snapshot(), self.instances[p].snapshot()
             path = choose_path(
-                pol.pd_route, prompt_len, predicted, c_load, p_load, pol.pd_prompt_tokens, pol.pd_output_tokens
+                pol.pd_route,
+                prompt_len,
+                predicted,
+                c_load,
+                p_load,
+                pol.pd_prompt_tokens,
+                pol.pd_output_tokens,
+                pol.pd_backlog_slack,
             )
             return self.instances[c if path == "colocated" else p]
         pick = c if c is not None else p

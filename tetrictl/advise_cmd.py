@@ -220,6 +220,7 @@ APPLIED["hybrid"] = (
     "pd_route",
     "pd_prompt_tokens",
     "pd_output_tokens",
+    "pd_backlog_slack",
 )
 
 

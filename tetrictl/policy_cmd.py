@@ -120,6 +120,14 @@ def set_(
             "length predictor's range; 0 or --predictor none: not considered).",
         ),
     ] = None,
+    pd_backlog_slack: Annotated[
+        int | None,
+        typer.Option(
+            "--pd-backlog-slack",
+            help="--pd-route length: the other path when the chosen one has more than this many more requests "
+            "waiting (0: the length alone decides).",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -146,6 +154,7 @@ def set_(
         "pd_route": pd_route,
         "pd_prompt_tokens": pd_prompt_tokens,
         "pd_output_tokens": pd_output_tokens,
+        "pd_backlog_slack": pd_backlog_slack,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:

@@ -36,7 +36,9 @@ def scan_entry(cluster: Cluster, model: str, exclude: frozenset[str], prompt_len
     pol = cluster.policies
     c_load = next(x for x in colocated if x.instance_id == c)
     p_load = next(x for x in prefill if x.instance_id == p)
-    path = choose_path(pol.pd_route, prompt_len, None, c_load, p_load, pol.pd_prompt_tokens, pol.pd_output_tokens)
+    path = choose_path(
+        pol.pd_route, prompt_len, None, c_load, p_load, pol.pd_prompt_tokens, pol.pd_output_tokens, pol.pd_backlog_slack
+    )
     return c if path == "colocated" else p
 
 
@@ -63,7 +65,7 @@ op = st.one_of(
     st.tuples(st.just("flip"), ident, st.booleans()),
     st.tuples(st.just("expire"), ident),
     st.tuples(st.just("entry"), st.sampled_from(MODELS), st.frozensets(ident, max_size=2), st.sampled_from([10, 2000])),
-    st.tuples(st.just("policy"), st.sampled_from(PD_ROUTES)),
+    st.tuples(st.just("policy"), st.sampled_from(PD_ROUTES), st.sampled_from([0, 1, 4])),
 )
 
 
@@ -102,7 +104,7 @@ def test_the_index_routes_as_the_registry_scan_did(start: list[tuple[str, str]],
             got = cluster.entry(model, exclude, prompt)
             assert (None if got is None else got.id) == scan_entry(cluster, model, exclude, prompt)
         elif kind == "policy":  # a hot swap of the per-request P/D choice
-            cluster.set_policies(PolicySet(pd_route=o[1], pd_prompt_tokens=512))
+            cluster.set_policies(PolicySet(pd_route=o[1], pd_prompt_tokens=512, pd_backlog_slack=o[2]))
         for model in MODELS:  # after every step, each model's choice, with and without exclusions
             for exclude in (frozenset(), frozenset(IDS[:2])):
                 for prompt in (10, 2000):

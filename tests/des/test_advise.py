@@ -37,7 +37,9 @@ def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated
     assert {c["policies"]["pd_prompt_tokens"] for c in hybrids} == quantiles
     # the colocated instances of a hybrid run each named baseline's schedule
     assert {c["policies"]["colocated_schedule"] for c in hybrids} == set(baselines)
-    assert len(hybrids) == len(quantiles) * len(baselines)
+    # each with the length alone deciding and with the backlog guard
+    assert {c["policies"]["pd_backlog_slack"] for c in hybrids} == {0, 4}
+    assert len(hybrids) == len(quantiles) * len(baselines) * 2
     assert all((c["colocated"], c["prefill"], c["decode"]) == (1, 1, 1) for c in hybrids)
     assert all(c["policies"]["pd_route"] == "length" for c in hybrids)
     assert doc["best_hybrid"] in hybrids

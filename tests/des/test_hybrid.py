@@ -58,17 +58,19 @@ def test_role_and_split_routes_send_everything_one_way(route: str, path: str):
     assert set(_paths(res).values()) == {path}
 
 
-def test_a_backed_up_path_sends_requests_the_other_way():
-    reqs = make_workload("Mixed", 200, seed=3, rate=float("inf"))  # a burst: the short prompts pile up
-    res = simulate(reqs, HYBRID, check_kv=True)
+def test_a_backed_up_path_sends_requests_the_other_way_only_with_a_slack():
+    reqs = make_workload("Mixed", 200, seed=3, rate=float("inf"))  # a burst: both paths back up
+    by_length = {r.request_id: "split" if r.prompt_len >= 100 else "colocated" for r in reqs}
+    strict = _paths(simulate(reqs, HYBRID, check_kv=True))
+    assert strict == by_length  # pd_backlog_slack 0: the length alone decides
+    guarded = dataclasses.replace(HYBRID, policy=HYBRID.policy.changed(pd_backlog_slack=4))
+    res = simulate(reqs, guarded, check_kv=True)
     check_conservation(reqs, res)
     paths = _paths(res)
-    by_length = {r.request_id: "split" if r.prompt_len >= 100 else "colocated" for r in reqs}
     moved = [rid for rid, path in paths.items() if path != by_length[rid]]
-    # the guard (BACKLOG_SLACK) sent some short prompts to the prefill instance once the colocated
-    # instances had more waiting, and no more than it had to: most still go by their length
-    assert moved and all(by_length[rid] == "colocated" for rid in moved)
-    assert len(moved) < len(reqs) / 4
+    # the guard sent requests the other way once their path had more than 4 more waiting (here the short
+    # ones, the colocated instances backing up first), and most still go by their length
+    assert moved and len(moved) < len(reqs) / 2
 
 
 def test_flips_between_the_three_roles_under_load_lose_nothing():

@@ -238,13 +238,14 @@ def test_simulator_and_live_engine_make_the_same_iterations_colocated(policy: Po
             colocated_schedule="vllm-v1",
             pd_route="length",
             pd_prompt_tokens=300,
-            pd_output_tokens=200,
+            pd_output_tokens=400,
+            pd_backlog_slack=2,
             predictor="oracle",
             predictor_accuracy=0.749,
             queue_order="srpt",
         ),
     ],
-    ids=["length", "length-predicted-srpt"],
+    ids=["length", "length-predicted-srpt-slack"],
 )
 def test_simulator_and_live_engines_make_the_same_iterations_in_a_hybrid_cluster(policy: PolicySet):
     """Colocated, prefill and decode instances at once: each request on the path the simulator's

@@ -104,14 +104,17 @@ def test_length_splits_long_prompts_and_predicted_long_outputs() -> None:
 
 
 def test_length_takes_the_other_path_when_its_own_is_backed_up() -> None:
-    from tetri.scheduling.routing import BACKLOG_SLACK, backlog, choose_path
+    from tetri.scheduling.routing import backlog, choose_path
+
+    slack = 4
 
     idle = InstanceLoad("c0", queued=0, running=3, inflight=3)
     assert backlog(idle) == 0
     # reported queue 1, but the router sent 9 and 3 run: 6 wait (the fresher count)
     busy = InstanceLoad("p0", queued=1, running=3, inflight=9)
-    assert backlog(busy) == 6 > BACKLOG_SLACK
-    assert choose_path("length", 4096, None, idle, busy, 1024, 0) == "colocated"
-    just = InstanceLoad("p0", queued=BACKLOG_SLACK, running=1, inflight=1)
-    assert choose_path("length", 4096, None, idle, just, 1024, 0) == "split"  # within the slack
-    assert choose_path("length", 10, None, busy, idle, 1024, 0) == "split"  # and the other way round
+    assert backlog(busy) == 6 > slack
+    assert choose_path("length", 4096, None, idle, busy, 1024, 0, slack) == "colocated"
+    assert choose_path("length", 4096, None, idle, busy, 1024, 0) == "split"  # no slack: the length alone
+    just = InstanceLoad("p0", queued=slack, running=1, inflight=1)
+    assert choose_path("length", 4096, None, idle, just, 1024, 0, slack) == "split"  # within the slack
+    assert choose_path("length", 10, None, busy, idle, 1024, 0, slack) == "split"  # and the other way round

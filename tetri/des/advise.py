@@ -14,8 +14,9 @@ after those that can still meet it (`ttft_target_s`), alone and with each of a f
 every named baseline as vLLM runs it (FCFS, no predictor) under `baselines`. With 3 GPUs or more, hybrid
 clusters too: colocated, prefill and decode instances at once (every count of each), the daemon choosing per
 request (`pd_route` length) to split the prompts at least as long as the workload's median, 75th or 90th
-percentile and run the rest colocated (each named baseline's schedule with the TTFT target), P/D at the
-profile's ChunkSize, FCFS prefill, greedy admission, no length predictor. Beside it: TTFT and TPOT
+percentile (the length alone, or the other path when theirs has more than 4 more waiting:
+`pd_backlog_slack`) and run the rest colocated (each named baseline's schedule with the TTFT target), P/D at
+the profile's ChunkSize, FCFS prefill, greedy admission, no length predictor. Beside it: TTFT and TPOT
 percentiles and the dollars per million output tokens (provisioned GPUs × the run's wall time × price).
 
 Pure: requests and a spec in, plain data out; the shell (`tetrictl advise`) reads the trace, prints,
@@ -24,6 +25,7 @@ and with `--apply` sets the policies and flips instances on a live cluster to ma
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +49,8 @@ Progress = Callable[[int, int], None]
 
 MODES = ("colocated", "disaggregated", "hybrid")
 MIN_GPUS = {"colocated": 1, "disaggregated": 2, "hybrid": 3}
-PROMPT_QUANTILES = (0.5, 0.75, 0.9)  # hybrid: split the prompts longer than these shares of the workload's
+PROMPT_QUANTILES = (0.5, 0.75, 0.9)  # hybrid: split the prompts at least as long as these shares of the workload's
+BACKLOG_SLACKS = (0, 4)  # hybrid: the length alone, or the other path past 4 more requests waiting
 # lengths as the paper's predictor knows them (74.9% of 200-token buckets right)
 ORACLE_74 = PolicySet(predictor="oracle", predictor_accuracy=PAPER_ACCURACY)
 
@@ -137,8 +140,8 @@ class AdviceSpec:
         )
         for c in range(1, self.gpus - 1) if "hybrid" in self.modes else ():
             for p in range(1, self.gpus - c):
-                for threshold, schedule in ((t, b) for t in thresholds for b in self.baselines):
-                    pol = base.changed(pd_prompt_tokens=threshold, colocated_schedule=schedule)
+                for threshold, schedule, slack in itertools.product(thresholds, self.baselines, BACKLOG_SLACKS):
+                    pol = base.changed(pd_prompt_tokens=threshold, colocated_schedule=schedule, pd_backlog_slack=slack)
                     out.append(
                         {
                             "mode": "hybrid",

@@ -441,6 +441,7 @@ class _Sim:
                 self._backlog(prefill),
                 pol.pd_prompt_tokens,
                 pol.pd_output_tokens,
+                pol.pd_backlog_slack,
             )
             inst = colocated if path == "colocated" else prefill
         if inst is None:  # cannot happen: a flip never leaves the cluster unserved (flip_refusal)

@@ -52,6 +52,8 @@ class PolicySet:
     pd_route: str = "role"  # role | split | length: colocated or split, per request (tetri.scheduling.routing)
     pd_prompt_tokens: int = 1024  # length: prompts this long run split
     pd_output_tokens: int = 0  # length: and requests predicted to produce this many tokens; 0: not considered
+    pd_backlog_slack: int = 0  # length: the other path when the chosen one has more than this many more
+    # requests waiting; 0: the length alone decides
 
     def __post_init__(self) -> None:
         choices = {
@@ -86,6 +88,9 @@ class PolicySet:
         v = self.pd_output_tokens
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise PolicyError("pd_output_tokens", f"must be a number of tokens ≥ 0 (0: not considered), got {v!r}")
+        v = self.pd_backlog_slack
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise PolicyError("pd_backlog_slack", f"must be a number of requests ≥ 0 (0: off), got {v!r}")
         v = self.token_budget
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise PolicyError("token_budget", f"must be a number of tokens ≥ 0 (0: the engine's), got {v!r}")

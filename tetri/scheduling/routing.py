@@ -43,7 +43,6 @@ def least_loaded(instances: Sequence[InstanceLoad]) -> str | None:
 # (one instance, both phases) or split (a prefill instance, then a decode instance its KV is handed to).
 PD_ROUTES = ("role", "split", "length")
 PATHS = ("colocated", "split")
-BACKLOG_SLACK = 4  # `length`: the preferred path may have this many more requests waiting than the other
 
 
 def backlog(x: InstanceLoad) -> int:
@@ -63,6 +62,7 @@ def choose_path(
     split: InstanceLoad | None,
     prompt_tokens: int,
     output_tokens: int,
+    slack: int = 0,
 ) -> str | None:
     """Whether a request runs colocated or split, given the least-loaded entry of each path (None: the path
     has no instance that can take it now: no active colocated instance, or no active prefill instance
@@ -73,8 +73,8 @@ def choose_path(
     prefill would stall a colocated batch's decodes): split when the prompt has at least `prompt_tokens`
     tokens, or the predicted output at least `output_tokens` (0: not considered; the upper end of the
     predicted range) — long decodes keep a steady TPOT on a decode instance; colocated otherwise. Then the
-    load: when the preferred path's entry has more than `BACKLOG_SLACK` more requests waiting (`backlog`)
-    than the other's, the other."""
+    load, when `slack` is set (0: the length alone decides): when the preferred path's entry has more than
+    `slack` more requests waiting (`backlog`) than the other's, the other."""
     if colocated is None or split is None:
         return "colocated" if colocated is not None else "split" if split is not None else None
     if route == "role":
@@ -84,6 +84,6 @@ def choose_path(
     long_output = output_tokens > 0 and predicted is not None and predicted[1] >= output_tokens
     want, other = ("split", colocated) if prompt_len >= prompt_tokens or long_output else ("colocated", split)
     mine = split if want == "split" else colocated
-    if backlog(mine) > backlog(other) + BACKLOG_SLACK:
+    if slack and backlog(mine) > backlog(other) + slack:
         return "colocated" if want == "split" else "split"
     return want
