@@ -2,7 +2,7 @@
 
     python bench/advise_roundtrip.py [--workload Mixed] [--rate 20] [-n 160] [--profile llama3-8b-h100]
         [--start 2,2] [--time-scale 1] [--slo ttft=0.2,tpot=0.015] [--baseline vllm-v0,vllm-v1]
-        [--ttft-miss last[,reject]]
+        [--ttft-miss last[,reject]] [--mode any|colocated,disaggregated,hybrid]
 
 1. A live sim cluster starts (`--start P,D` prefill and decode workers, the default policies; or `--start
    colocated:N`, N colocated workers as vllm-v1, vLLM's own schedule) and serves the named mix (the
@@ -27,7 +27,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from tetri.des.advise import AdviceSpec, advise, offered_rate, outcome
+from tetri.des.advise import MODES, AdviceSpec, advise, offered_rate, outcome
 from tetri.des.mixes import MIXES, make_mix
 from tetri.des.slo import parse_slos
 from tetri.des.trace import read_trace, rows_to_trace
@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default="vllm-v0,vllm-v1", help="colocated baselines advise considers")
     ap.add_argument("--ttft-miss", default="last", help="last, or last,reject: advise may also try rejecting (429)")
+    ap.add_argument("--mode", default="any", help="setups advise considers: any, or colocated,disaggregated,hybrid")
     a = ap.parse_args()
     if a.start.startswith("colocated:"):
         roles = ["colocated"] * int(a.start.split(":", 1)[1])
@@ -72,8 +73,15 @@ def main() -> None:
     scale = a.time_scale
     baselines = tuple(b.strip() for b in a.baseline.split(",") if b.strip())
     misses = tuple(m.strip() for m in a.ttft_miss.split(",") if m.strip())
+    modes = MODES if a.mode == "any" else tuple(m.strip() for m in a.mode.split(",") if m.strip())
     spec = AdviceSpec(
-        profile=a.profile, gpus=gpus, slo=parse_slos(a.slo), seed=a.seed, baselines=baselines, ttft_misses=misses
+        profile=a.profile,
+        gpus=gpus,
+        slo=parse_slos(a.slo),
+        seed=a.seed,
+        baselines=baselines,
+        ttft_misses=misses,
+        modes=modes,
     )
     state = Path(tempfile.mkdtemp(prefix="tetri-advise-"))
     clusters: list[LocalCluster] = []
