@@ -42,7 +42,6 @@ def least_loaded(instances: Sequence[InstanceLoad]) -> str | None:
 # A cluster may hold colocated, prefill and decode instances at once: each request runs either colocated
 # (one instance, both phases) or split (a prefill instance, then a decode instance its KV is handed to).
 PD_ROUTES = ("role", "split", "length")
-PATHS = ("colocated", "split")
 
 
 def backlog(x: InstanceLoad) -> int:
