@@ -1,4 +1,4 @@
-"""The roofline cost model against the figures in profiles.toml (and shared/FACTS.md)."""
+"""The roofline cost model against the figures in profiles.toml (and docs/references.md)."""
 
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def test_chunk_size_is_the_measured_one_or_the_roofline_knee(tmp_path):
         m = cm.profile.model
         compute = (2 * m.params * t + 2 * m.num_layers * m.hidden_size * t * t) / cm.effective_flops
         assert math.isclose(compute, (m.weight_bytes + t * m.kv_bytes_per_token) / cm.effective_bandwidth, rel_tol=1e-6)
-    assert default_chunk_size(load_profile("opt-13b-v100")) == 512  # the paper's, measured (FACTS)
+    assert default_chunk_size(load_profile("opt-13b-v100")) == 512  # the paper's, measured (refs)
     assert default_chunk_size(load_profile("llama3-8b-h100")) == 192  # the knee, rounded up to whole blocks
     assert load_profile("llama3-8b-h100").source == "derived"
     cases = (

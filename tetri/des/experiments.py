@@ -10,7 +10,7 @@ Systems (one instance = one GPU, the same budget for both):
 * TetriInfer: `prefill_instances` prefill + the rest decode; ChunkSize the profile's (the paper's 512
   on opt-13b-v100, the roofline's knee elsewhere: `costmodel.default_chunk_size`), sjf with PrefillSchedBatch
   16, oracle predictor at 74.9% accuracy over 200-token buckets, power-of-two dispatch, reserve-dynamic
-  decode admission (FACTS: the paper's settings).
+  decode admission (refs: the paper's settings).
 * The baselines, by name (`tetri.scheduling.colocated`), each on the same number of colocated instances
   with greedy admission: `vllm-v0` (the paper's vLLM of early 2024: prefill-first, prompt batches padded
   to their longest, recompute preemption) and `vllm-v1` (today's: chunked prefill mixed into the decode
@@ -51,14 +51,14 @@ Runner = Callable[[Sequence[Request], ClusterConfig], RunResult]
 Progress = Callable[[int, int], None]
 
 TETRI = "TetriInfer"
-PAPER_ACCURACY = 0.749  # FACTS: the OPT-125M predictor's accuracy over 200-token buckets
+PAPER_ACCURACY = 0.749  # refs: the OPT-125M predictor's accuracy over 200-token buckets
 TETRI_POLICY = PolicySet(
     prefill_policy="sjf",
-    prefill_sched_batch=16,  # FACTS: PrefillSchedBatch 16
-    chunk_size=512,  # FACTS: ChunkSize 512 for OPT-13B; `tetri_config` sets the setup's (the profile's by default)
+    prefill_sched_batch=16,  # refs: PrefillSchedBatch 16
+    chunk_size=512,  # refs: ChunkSize 512 for OPT-13B; `tetri_config` sets the setup's (the profile's by default)
     predictor="oracle",
     predictor_accuracy=PAPER_ACCURACY,
-    predictor_granularity=200,  # FACTS: 200-token buckets
+    predictor_granularity=200,  # refs: 200-token buckets
     dispatch="pot",
     decode_admission="reserve-dynamic",
 )

@@ -5,7 +5,7 @@ records.
   p99, linear interpolation between order statistics as `numpy.percentile` does).
 * SLO attainment = the share of requests within their class's TTFT and TPOT targets (`slo.py`; every
   table states the SLOs). Goodput = requests within their SLOs per second of wall time (first arrival →
-  last finish or rejection), as DistServe counts it (FACTS). A request an instance rejected (`ttft_miss` reject) counts
+  last finish or rejection), as DistServe counts it (refs). A request an instance rejected (`ttft_miss` reject) counts
   in the share as outside its SLO; TTFT, TPOT and JCT are the served requests'.
 * Cost = provisioned GPUs × wall time (one instance = one GPU, paid for whether it runs or idles);
   `busy_s` (Σ iteration time) is reported beside it. perf/$ = goodput per dollar: requests within their

@@ -39,7 +39,7 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float:
-        """Time per output token after the first, (JCT − TTFT) / (output − 1) (DistServe's, FACTS); 0 for a
+        """Time per output token after the first, (JCT − TTFT) / (output − 1) (DistServe's, refs); 0 for a
         one-token answer (it has no decode)."""
         return (self.finish - self.first_token) / (self.output_len - 1) if self.output_len > 1 else 0.0
 

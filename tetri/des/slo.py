@@ -1,8 +1,8 @@
 """Latency SLOs and who meets them: the goodput side of the metrics (`metrics.py`).
 
-A request meets its SLO when its TTFT and its TPOT ((JCT − TTFT) / (output − 1), FACTS: DistServe's
+A request meets its SLO when its TTFT and its TPOT ((JCT − TTFT) / (output − 1), refs: DistServe's
 definition) are both within its class's targets. Classes are the paper's workload classes, decided per
-request by its own lengths: a prompt is heavy above 512 tokens, an answer above 128 (FACTS), so a Mixed
+request by its own lengths: a prompt is heavy above 512 tokens, an answer above 128 (refs), so a Mixed
 workload's summarisation-like requests can carry a looser TTFT than its chats. A class without targets of
 its own uses the default.
 
@@ -46,7 +46,7 @@ def _s(x: float) -> str:
 
 
 def request_class(prompt_len: int, output_len: int) -> str:
-    """The paper's class of one request from its own lengths (FACTS: heavy prompt > 512, heavy answer > 128)."""
+    """The paper's class of one request from its own lengths (refs: heavy prompt > 512, heavy answer > 128)."""
     return ("HP" if prompt_len > LIGHT_PROMPT_MAX else "LP") + ("HD" if output_len > LIGHT_OUTPUT_MAX else "LD")
 
 

@@ -1,6 +1,6 @@
 """The TetriInfer paper's workloads (§5): LPLD, LPHD, HPLD, HPHD and Mixed, as lists of `Request`.
 
-Classes (FACTS, TetriInfer arXiv 2401.11181): a prompt is *heavy* above 512 tokens, an output is
+Classes (refs, TetriInfer arXiv 2401.11181): a prompt is *heavy* above 512 tokens, an output is
 *heavy* above 128 tokens (ShareGPT's median answer). Inside each class the lengths are our choice
 (assumed, the paper's exact generators are not published):
 
@@ -8,9 +8,9 @@ Classes (FACTS, TetriInfer arXiv 2401.11181): a prompt is *heavy* above 512 toke
   clipped to [2, 512];
 * heavy prompt: uniform over [513, L − 128] with light outputs and [513, L / 2] with heavy outputs,
   L = max_model_len (1,920 and 1,024 for OPT-13B's 2,048), so that prompt + output fits the context;
-* light output: uniform over [20, 128] (FACTS: outputs 20–2000);
+* light output: uniform over [20, 128] (refs: outputs 20–2000);
 * heavy output: uniform over [129, 2000], cut to the context left after the prompt;
-* Mixed: ShareGPT-like, both log-normal, fitted to FACTS' (unverified) figures: prompt median 18 and
+* Mixed: ShareGPT-like, both log-normal, fitted to refs' (unverified) figures: prompt median 18 and
   mean ≈ 215 (σ = √(2 ln(215/18)) ≈ 2.23), output median 128 and mean ≈ 190 (σ = √(2 ln(190/128)) ≈
   0.89); prompts clipped to [2, L − 128], outputs to [1, context left]. Clipping pulls the means down
   (docs/bench.md gives the realised figures).
@@ -38,17 +38,17 @@ from tetri.planner.workload import WorkloadError
 
 from .names import WORKLOADS
 
-LIGHT_PROMPT_MAX = 512  # FACTS: heavy prefill > 512 prompt tokens
-LIGHT_OUTPUT_MAX = 128  # FACTS: heavy decode > 128 output tokens
-LIGHT_PROMPT_MEDIAN = 18  # FACTS: TetriInfer's ShareGPT prompt median ≈ 18 (unverified)
-SHAREGPT_PROMPT_MEAN = 215  # FACTS: ShareGPT prompt mean ≈ 215 (unverified)
-SHAREGPT_OUTPUT_MEDIAN = 128  # FACTS: TetriInfer's ShareGPT output median 128 (unverified)
-SHAREGPT_OUTPUT_MEAN = 190  # FACTS: ShareGPT output mean ≈ 186–199 (unverified)
-OUTPUT_MIN, OUTPUT_MAX = 20, 2000  # FACTS: outputs 20–2000 tokens
+LIGHT_PROMPT_MAX = 512  # refs: heavy prefill > 512 prompt tokens
+LIGHT_OUTPUT_MAX = 128  # refs: heavy decode > 128 output tokens
+LIGHT_PROMPT_MEDIAN = 18  # refs: TetriInfer's ShareGPT prompt median ≈ 18 (unverified)
+SHAREGPT_PROMPT_MEAN = 215  # refs: ShareGPT prompt mean ≈ 215 (unverified)
+SHAREGPT_OUTPUT_MEDIAN = 128  # refs: TetriInfer's ShareGPT output median 128 (unverified)
+SHAREGPT_OUTPUT_MEAN = 190  # refs: ShareGPT output mean ≈ 186–199 (unverified)
+OUTPUT_MIN, OUTPUT_MAX = 20, 2000  # refs: outputs 20–2000 tokens
 
 # Poisson arrival rates (requests/s): 0.8 × two vanilla opt-13b-v100 instances' saturated throughput.
 DEFAULT_RATES = {"LPLD": 10.0, "LPHD": 0.15, "HPLD": 0.8, "HPHD": 0.09, "Mixed": 2.0}
-DEFAULT_N = 128  # FACTS: the Mixed test runs 128 requests
+DEFAULT_N = 128  # refs: the Mixed test runs 128 requests
 
 
 class WorkloadSpecError(WorkloadError):

@@ -1,6 +1,6 @@
 """Synthetic workloads from published length statistics (no data set is downloaded).
 
-Classes (figures from ../shared/FACTS.md, which names each source; the spread parameters where a
+Classes (figures from docs/references.md, which names each source; the spread parameters where a
 source gives only a mean are our assumption, stated here and in docs/planner.md):
 
 * ``short`` — chat turns, LMSYS-Chat-1M per turn (Llama-2 tokenizer): prompt mean 69.5, output mean
