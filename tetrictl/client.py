@@ -107,9 +107,13 @@ class TetriClient:
         verify: ssl.SSLContext | bool = (
             ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if target.url.startswith("http://") else True
         )
-        self._h = httpx.AsyncClient(
-            base_url=target.url, headers=headers, timeout=timeout, limits=limits, transport=transport, verify=verify
-        )
+        try:
+            self._h = httpx.AsyncClient(
+                base_url=target.url, headers=headers, timeout=timeout, limits=limits, transport=transport, verify=verify
+            )
+        except (OSError, ssl.SSLError) as e:  # https: the CA file SSL_CERT_FILE names is missing or not PEM
+            where = os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR") or "the system's CA bundle"
+            raise ClientError(f"cannot load the CAs to trust from {where}: {e}", exitcodes.USAGE) from None
 
     async def __aenter__(self) -> TetriClient:
         return self

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
+import os
 import ssl
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -74,5 +78,23 @@ def test_a_cluster_over_tls(tmp_path: Path):
             assert [row.json()["decode_instance"]] == c.started_as("decode")  # it went through the hand-over
         with pytest.raises(httpx.ConnectError):  # a client that does not trust the CA
             httpx.post(c.url + "/v1/completions", json=body, timeout=10)
+        # tetrictl trusts the system's CAs, or the CA file SSL_CERT_FILE names
+        ctl = [sys.executable, "-m", "tetrictl.app", "status", "--url", c.url, "--json"]
+        trusted = subprocess.run(
+            ctl, capture_output=True, text=True, timeout=60, env=os.environ | {"SSL_CERT_FILE": str(cert)}
+        )
+        assert trusted.returncode == 0 and json.loads(trusted.stdout)["inflight"] == 0, trusted.stderr
+        untrusted = subprocess.run(ctl, capture_output=True, text=True, timeout=60)
+        assert untrusted.returncode != 0 and "Traceback" not in untrusted.stderr
+        assert len(untrusted.stderr.strip().splitlines()) == 1, untrusted.stderr
+        missing = subprocess.run(
+            ctl,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=os.environ | {"SSL_CERT_FILE": str(tmp_path / "no.pem")},
+        )
+        assert missing.returncode == 2 and missing.stderr.startswith("error: cannot load the CAs to trust from")
+        assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     finally:
         c.stop()
