@@ -66,5 +66,5 @@ def test_apply_without_a_daemon_is_refused_before_the_simulation():
 
 
 def test_export_refuses_out_with_json(tmp_path: Path):
-    r = tetrictl("requests", "export", "--out", str(tmp_path / "t.jsonl"), "--json")
+    r = tetrictl("requests", "export", "--output", str(tmp_path / "t.jsonl"), "--json")
     assert r.returncode == exitcodes.USAGE and "give one of them" in r.stderr

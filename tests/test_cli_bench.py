@@ -80,7 +80,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str], needle: str):
 def test_sweep_writes_its_json_and_region_map(tmp_path: Path):
     png, out = tmp_path / "map.png", tmp_path / "sweep.json"
     args = ["--sweep", "--workloads", "LPLD", "--gpus", "2", "--loads", "1,4", "--chunks", "256", "-n", "16"]
-    r = tetrictl("bench", *args, "--plot", str(png), "--out", str(out), "--json")
+    r = tetrictl("bench", *args, "--plot", str(png), "--output", str(out), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["spec"]["profile"] == "llama3-8b-h100" and doc["spec"]["n"] == 16

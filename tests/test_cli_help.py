@@ -23,3 +23,26 @@ def test_help_keeps_bracketed_text():
     assert up.returncode == 0 and "([daemon], [worker])" in up.stdout
     top = tetrictl("--help")
     assert top.returncode == 0 and "--version" in top.stdout and "plan" in top.stdout
+
+
+def test_every_file_output_is_spelled_o_output():
+    """One spelling for "write it to this file" across the CLI: `-o/--output` (kubectl's and curl's)."""
+    import click
+    import typer
+
+    from tetrictl.app import app
+
+    def walk(cmd: click.Command, path: str) -> list[tuple[str, click.Parameter]]:
+        found = [(path, p) for p in cmd.params]
+        for name, sub in getattr(cmd, "commands", {}).items():
+            found += walk(sub, f"{path} {name}")
+        return found
+
+    outputs = []
+    for where, p in walk(typer.main.get_command(app), "tetrictl"):
+        opts = {*p.opts, *p.secondary_opts}
+        assert "--out" not in opts, where
+        if "--output" in opts or "-o" in opts:
+            assert sorted(opts) == ["--output", "-o"], (where, opts)
+            outputs.append(where)
+    assert {"tetrictl bench", "tetrictl profile", "tetrictl requests export", "tetrictl plan solve"} <= set(outputs)

@@ -88,7 +88,9 @@ def bench(
         str, typer.Option("--loads", help="--sweep: loads, × the first baseline's throughput on a burst.")
     ] = "1,2,4,8,16",
     chunks: Annotated[str, typer.Option("--chunks", help="--sweep: TetriInfer ChunkSizes.")] = "128,256,512,1024",
-    out_file: Annotated[Path | None, typer.Option("--out", help="--sweep: also write the JSON document here.")] = None,
+    out_file: Annotated[
+        Path | None, typer.Option("-o", "--output", help="--sweep: also write the JSON document here.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
 ) -> None:
     """TetriInfer vs each vLLM baseline per workload (DES or live): TTFT, TPOT, JCT, goodput within the

@@ -25,7 +25,7 @@ def profile(
     model: Annotated[Path, typer.Option("--model", help="A local Hugging Face model directory.")],
     engine: Annotated[str, typer.Option("--engine", help="The engine to measure: vllm.")] = "vllm",
     name: Annotated[str, typer.Option("--name", help="Name of the profile written.")] = "calibrated",
-    output: Annotated[Path, typer.Option("--out", "-o", help="Profiles file to write (TOML).")] = Path(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profiles file to write (TOML).")] = Path(
         "profiles-calibrated.toml"
     ),
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="max_num_batched_tokens (ChunkSize).")] = 512,

@@ -216,7 +216,7 @@ def requests_cancel(
 @requests_app.command("export")
 def requests_export(
     out_file: Annotated[
-        Path | None, typer.Option("--out", help="Write the trace here (default: standard output).")
+        Path | None, typer.Option("-o", "--output", help="Write the trace here (default: standard output).")
     ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -228,9 +228,9 @@ def requests_export(
     from tetri.des.trace import rows_to_trace  # the simulator's numpy: only this command needs it
 
     if out_file is not None and json_out:
-        fail("--out writes the trace as JSON lines; --json prints it as one document: give one of them")
+        fail("--output writes the trace as JSON lines; --json prints it as one document: give one of them")
     if out_file is not None and out_file.parent and not out_file.parent.is_dir():
-        fail(f"--out {out_file}: {out_file.parent} is not a directory")
+        fail(f"--output {out_file}: {out_file.parent} is not a directory")
 
     async def body(c: TetriClient) -> list[dict[str, Any]]:
         return rows_to_trace(await c.all_requests(status="finished"))

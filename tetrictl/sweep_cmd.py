@@ -2,7 +2,7 @@
 
 A thin shell over `tetri.des.sweep` (the runs and the region map as plain data): it prints one table per
 workload and baseline (per GPU budget and load: the baseline's perf/$, TetriInfer's best setup and its
-ratio), writes the JSON document (`--out`) and draws the region map (`--plot`): per workload and
+ratio), writes the JSON document (`--output`) and draws the region map (`--plot`): per workload and
 baseline, one panel per GPU budget, load across, P:D split down, each cell the best ChunkSize's perf/$
 against the baseline's (green where TetriInfer's goodput per dollar is at least the baseline's).
 """

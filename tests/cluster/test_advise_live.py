@@ -42,7 +42,7 @@ def test_advise_on_an_exported_trace_applies_and_the_live_rerun_gets_the_predict
         history = make_workload("Mixed", 160, seed=0, rate=250.0, max_model_len=8192)
         replay_on(c.url, history, SCALE, 4)
         trace_file = tmp_path / "trace.jsonl"
-        r = tetrictl("requests", "export", "--url", c.url, "--out", str(trace_file))
+        r = tetrictl("requests", "export", "--url", c.url, "--output", str(trace_file))
         assert r.returncode == 0, r.stderr
         trace = read_trace(trace_file.read_text().splitlines())
         assert len(trace) == 160
@@ -87,7 +87,7 @@ def test_past_vllm_v1s_capacity_the_advised_colocated_policies_get_the_predicted
             assert h.put("/api/v1/policies", json={"colocated_schedule": "vllm-v1"}).status_code == 200
         replay_on(c.url, make_mix("chat", 240, 400.0, seed=0), chat_scale, 4)
         trace_file = tmp_path / "trace.jsonl"
-        r = tetrictl("requests", "export", "--url", c.url, "--out", str(trace_file))
+        r = tetrictl("requests", "export", "--url", c.url, "--output", str(trace_file))
         assert r.returncode == 0, r.stderr
         trace = read_trace(trace_file.read_text().splitlines())
         args = ["advise", "--trace", str(trace_file), "--profile", PROFILE, "--gpus", "4", "--mode", "colocated"]
