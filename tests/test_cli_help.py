@@ -46,3 +46,25 @@ def test_every_file_output_is_spelled_o_output():
             assert sorted(opts) == ["--output", "-o"], (where, opts)
             outputs.append(where)
     assert {"tetrictl bench", "tetrictl profile", "tetrictl requests export", "tetrictl plan solve"} <= set(outputs)
+
+
+def test_no_help_shows_raw_markup():
+    """Help is plain text (rich_markup_mode None): no Markdown code spans or emphasis leak into it."""
+    import re
+
+    import click
+    import typer
+    from typer.testing import CliRunner
+
+    from tetrictl.app import app
+
+    def walk(cmd: click.Command, path: list[str]) -> list[list[str]]:
+        found = [path]
+        for name, sub in getattr(cmd, "commands", {}).items():
+            found += walk(sub, [*path, name])
+        return found
+
+    runner = CliRunner()
+    for path in walk(typer.main.get_command(app), []):
+        text = runner.invoke(app, [*path, "--help"], terminal_width=200).output
+        assert not re.search(r"`|\*\*", text), (path, re.findall(r".{0,30}(?:`|\*\*).{0,30}", text)[:3])

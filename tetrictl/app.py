@@ -27,10 +27,10 @@ from . import (
 app = typer.Typer(
     name="tetrictl",
     help=(
-        "Operate Tetri: run the cluster (`up`, `daemon`, `worker`), inspect and steer it (`status`, "
-        "`instances`, `requests`, `flip`, `policy`, `top`), replay plans (`plan replay`), compare "
-        "schedulers (`bench`), choose a setup for a workload (`advise`), calibrate the simulator on vLLM "
-        "(`profile`) and plan backlogs offline (`plan`). Exit codes: 0 ok, 1 the daemon refused or failed, "
+        "Operate Tetri: run the cluster (up, daemon, worker), inspect and steer it (status, "
+        "instances, requests, flip, policy, top), replay plans (plan replay), compare "
+        "schedulers (bench), choose a setup for a workload (advise), calibrate the simulator on vLLM "
+        "(profile) and plan backlogs offline (plan). Exit codes: 0 ok, 1 the daemon refused or failed, "
         "2 usage or bad input, 3 the daemon cannot be reached."
     ),
     no_args_is_help=True,

@@ -24,7 +24,9 @@ def bench(
             "--workloads", help=f"Comma-separated workloads from {', '.join(WORKLOADS)} (default: all; --sweep: Mixed)."
         ),
     ] = "",
-    n: Annotated[int | None, typer.Option("-n", help="Requests per workload (per point with --sweep: 512).")] = None,
+    n: Annotated[
+        int | None, typer.Option("-n", help="Requests per workload (default 128; per point with --sweep: 512).")
+    ] = None,
     instances: Annotated[int, typer.Option("--instances", help="GPUs per system (one instance each), ≥ 2.")] = 2,
     prefill_instances: Annotated[
         int | None, typer.Option("--prefill-instances", help="TetriInfer prefill instances (default: half).")

@@ -177,7 +177,7 @@ def worker_start(
     ] = None,
     profile: Annotated[str | None, typer.Option(help="Sim profile (default opt-13b-v100).")] = None,
     profiles_file: Annotated[
-        Path | None, typer.Option(help="Sim: read the profile from this file (`tetrictl profile` writes one).")
+        Path | None, typer.Option(help="Sim: read the profile from this file (tetrictl profile writes one).")
     ] = None,
     time_scale: Annotated[float | None, typer.Option(help="Sim: model seconds per wall second.")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address of the worker's gRPC service.")] = None,

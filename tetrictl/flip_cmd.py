@@ -111,10 +111,10 @@ def _flip_policy(doc: dict[str, Any]) -> dict[str, Any]:
 def flip_policy_show(
     url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False
 ) -> None:
-    """The flip policy: `idle` flips an instance whose load stays below --low for --window seconds while
-    the other role's average load is above --high; `advise` replays the last --window seconds of requests
+    """The flip policy: idle flips an instance whose load stays below --low for --window seconds while
+    the other role's average load is above --high; advise replays the last --window seconds of requests
     on the simulator at every P:D split and flips one instance at a time toward the best (the daemon needs
-    its cost profile: `tetrictl up` passes it); `off` never flips by itself."""
+    its cost profile: tetrictl up passes it); off never flips by itself."""
 
     async def body(c: TetriClient) -> dict[str, Any]:
         return _flip_policy(await c.policies())
@@ -142,7 +142,7 @@ def flip_policy_set(
     config: CtlConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Change the flip policy at runtime (validated by the daemon, audited). `--policy advise` flips toward
+    """Change the flip policy at runtime (validated by the daemon, audited). --policy advise flips toward
     the P:D split that serves the last window's requests best (docs/cluster.md)."""
     changes = {k: v for k, v in zip(FLIP_FIELDS, (policy, low, high, window), strict=True) if v is not None}
     if not changes:

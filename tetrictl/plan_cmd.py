@@ -106,7 +106,7 @@ def gen_cmd(
     bucket: Annotated[int, typer.Option("--bucket", help="Width of a predicted range (tokens).")] = 200,
     json_out: JsonOpt = False,
 ) -> None:
-    """Generate a synthetic workload (chat-like `short`, document-summarisation `long`)."""
+    """Generate a synthetic workload (chat-like short, document-summarisation long)."""
     from tetri.planner import generate as gen
     from tetri.planner.workload import dump_jsonl
 

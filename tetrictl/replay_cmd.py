@@ -43,7 +43,7 @@ def progress_table(info: dict[str, Any], p: "Progress") -> "Table":
 
 
 def replay(
-    plan: Annotated[Path, typer.Argument(help="Plan file from `tetrictl plan solve` (tetri-plan/1).")],
+    plan: Annotated[Path, typer.Argument(help="Plan file from tetrictl plan solve (tetri-plan/1).")],
     instance: Annotated[
         str | None, typer.Option("--instance", help="Decode instance to replay on (default: the least busy).")
     ] = None,
@@ -68,7 +68,7 @@ def replay(
     json_out: JsonOpt = False,
 ) -> None:
     """Replay a plan's backlog on the live cluster: its requests (synthetic prompts of the planned lengths,
-    exactly the planned output lengths) go to one decode instance switched to `plan` admission (M = its
+    exactly the planned output lengths) go to one decode instance switched to plan admission (M = its
     KV capacity); report planned vs measured completion order and TEL. A plan that does not fit the
     instance — a request past the model's context, or M above its KV capacity — is refused (exit 2) unless
     --force. Ctrl-C stops the replay and cancels what it sent; the instance's previous policy is restored

@@ -81,7 +81,7 @@ def instances_ls(
 
 @instances_app.command("show")
 def instances_show(
-    instance_id: Annotated[str, typer.Argument(help="Instance id (see `instances ls`).")],
+    instance_id: Annotated[str, typer.Argument(help="Instance id (see instances ls).")],
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -188,8 +188,8 @@ def requests_cancel(
     config: CtlConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Cancel an in-flight request (exit 1 if it is no longer in flight), or with `--status running` every
-    in-flight request at once (`--prefix P`: those whose id starts with P)."""
+    """Cancel an in-flight request (exit 1 if it is no longer in flight), or with --status running every
+    in-flight request at once (--prefix P: those whose id starts with P)."""
     if request_id is not None and (status_ is not None or prefix is not None):
         fail("give a request id, or --status running [--prefix P] to cancel in bulk, not both")
     if request_id is None:
@@ -224,7 +224,7 @@ def requests_export(
     json_out: JsonOpt = False,
 ) -> None:
     """The finished requests as a workload trace, one JSON line each (arrival_s from the first arrival,
-    prompt_tokens, output_tokens): what `tetrictl advise --trace` reads."""
+    prompt_tokens, output_tokens): what tetrictl advise --trace reads."""
     from tetri.des.trace import rows_to_trace  # the simulator's numpy: only this command needs it
 
     if out_file is not None and json_out:
