@@ -60,6 +60,7 @@ def _root(
 
 
 app.command("status")(status_cmd.status)
+app.command("models")(status_cmd.models)
 app.add_typer(status_cmd.instances_app, name="instances")
 app.add_typer(status_cmd.requests_app, name="requests")
 app.command("flip")(flip_cmd.flip)

@@ -35,6 +35,36 @@ def instance_row(i: dict[str, Any]) -> list[Any]:
     ]
 
 
+def models(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+    """The models the cluster serves: each one's context and its instances by role (active of registered)."""
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        served, insts = await c.models(), await c.instances()
+        out_models = []
+        for m in served:
+            roles: dict[str, dict[str, int]] = {}
+            for i in insts:
+                if i["model"] == m["id"]:
+                    r = roles.setdefault(i["role"], {"active": 0, "total": 0})
+                    r["total"] += 1
+                    r["active"] += i["state"] == "active"
+            out_models.append({"id": m["id"], "max_model_len": m.get("max_model_len"), "instances": roles})
+        return {"models": out_models}
+
+    def render(d: dict[str, Any]) -> None:
+        rows = [
+            (
+                m["id"],
+                m["max_model_len"] or "?",
+                ", ".join(f"{r} {v['active']}/{v['total']}" for r, v in sorted(m["instances"].items())) or "none",
+            )
+            for m in d["models"]
+        ]
+        table("models", ("model", "context", "instances (active/registered)"), rows)
+
+    call(target(url, token, config), body, render, json_out)
+
+
 def status(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
     """Cluster summary: model, mode, instances by role, requests by status, policies."""
 
@@ -104,6 +134,9 @@ def requests_ls(
     status_: Annotated[str | None, typer.Option("--status", help=f"Only this status: {', '.join(STATUSES)}.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many (1–1000), newest first.")] = 20,
     offset: Annotated[int, typer.Option(help="Skip this many (pagination).")] = 0,
+    id_prefix: Annotated[
+        str | None, typer.Option("--id-prefix", help="Only the requests whose id starts with this (≤ 64 characters).")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -118,9 +151,11 @@ def requests_ls(
         fail(f"--limit must be within 1–1000, not {limit}")
     if offset < 0:
         fail(f"--offset must be ≥ 0, not {offset}")
+    if id_prefix is not None and not 1 <= len(id_prefix) <= 64:
+        fail(f"--id-prefix must be 1–64 characters, not {len(id_prefix)}")
 
     async def body(c: TetriClient) -> dict[str, Any]:
-        return await c.requests(phase, status_, limit, offset)
+        return await c.requests(phase, status_, limit, offset, id_prefix)
 
     def render(d: dict[str, Any]) -> None:
         now = d.get("now") or time.time()  # the daemon's cluster clock (model time on a scaled cluster)

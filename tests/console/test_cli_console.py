@@ -91,6 +91,12 @@ def test_status_instances_and_requests(cluster: LiveCluster):
     human = ctl(cluster, "status")
     assert human.returncode == 0 and "instances" in human.stdout and MODEL in human.stdout
 
+    models = ok_json(cluster, "models")["models"]
+    assert [m["id"] for m in models] == [MODEL] and models[0]["max_model_len"] > 0
+    assert models[0]["instances"] == {"prefill": {"active": 2, "total": 2}, "decode": {"active": 2, "total": 2}}
+    shown_models = ctl(cluster, "models")
+    assert shown_models.returncode == 0 and MODEL in shown_models.stdout and "decode 2/2" in shown_models.stdout
+
     insts = ok_json(cluster, "instances", "ls")["instances"]
     assert {i["role"] for i in insts} == {"prefill", "decode"}
     one = ok_json(cluster, "instances", "show", insts[0]["id"])
@@ -110,6 +116,10 @@ def test_status_instances_and_requests(cluster: LiveCluster):
     assert empty.returncode == 0 and "requests: none" in empty.stdout and "1–0" not in empty.stdout
     fails(ctl(cluster, "requests", "ls", "--phase", "bogus"), exitcodes.USAGE, "--phase must be one of")
     fails(ctl(cluster, "requests", "ls", "--limit", "0"), exitcodes.USAGE, "--limit")
+    mine = ok_json(cluster, "requests", "ls", "--id-prefix", ids[0][:12])
+    assert ids[0] in {r["id"] for r in mine["requests"]}
+    assert all(r["id"].startswith(ids[0][:12]) for r in mine["requests"])
+    fails(ctl(cluster, "requests", "ls", "--id-prefix", "x" * 65), exitcodes.USAGE, "--id-prefix")
     fails(ctl(cluster, "requests", "show", "nope"), exitcodes.USAGE, "no request 'nope'")
     fails(ctl(cluster, "requests", "cancel", ids[0]), exitcodes.REFUSED, "is not in flight")
 
