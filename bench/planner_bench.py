@@ -58,14 +58,18 @@ def paper_table(seed: int = 1, n: int = 2000) -> None:
         ("mcsf", {}),
         ("mcsf-skip", {}),
         ("size", {}),
+        ("area", {}),
         ("sorted-f", {"solver": "swap"}),
         ("sorted-f", {"solver": "swap", "backfill": True}),
         ("sorted-f", {"solver": "quantile"}),
+        ("sorted-f", {"solver": "auto"}),  # with the improvement phase, 1 s (what `tetrictl plan solve` runs)
     ]
     res = {}
     rows = []
     for name, kw in runs:
-        r, dt = timed(run_policy, name, w, MEMORY, **kw)
+        searched = kw.get("solver") == "auto"  # its 1 s budget starts with its run
+        how = {"improvement": Improve(Budget(1.0, time.perf_counter), max_evals=10**9)} if searched else {}
+        r, dt = timed(run_policy, name, w, MEMORY, **kw, **how)
         m = summarize(w, r.schedule)
         label = name + (f" ({kw['solver']}{'+backfill' if kw.get('backfill') else ''})" if kw else "")
         res[label] = m
