@@ -159,10 +159,6 @@ class TetriClient:
     async def cluster(self) -> dict[str, Any]:
         return await self._call("GET", "/api/v1/cluster")
 
-    async def models(self) -> list[dict[str, Any]]:
-        """The served models, as the OpenAI API lists them (id, max_model_len)."""
-        return (await self._call("GET", "/v1/models"))["data"]
-
     async def instances(self) -> list[dict[str, Any]]:
         return (await self._call("GET", "/api/v1/instances"))["instances"]
 

@@ -36,27 +36,26 @@ def instance_row(i: dict[str, Any]) -> list[Any]:
 
 
 def models(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
-    """The models the cluster serves: each one's context and its instances by role (active of registered)."""
+    """The models the cluster serves: each one's context (the least its instances announce) and its
+    instances by role (active of registered). Reads the admin API, so the admin token is enough."""
 
     async def body(c: TetriClient) -> dict[str, Any]:
-        served, insts = await c.models(), await c.instances()
-        out_models = []
-        for m in served:
-            roles: dict[str, dict[str, int]] = {}
-            for i in insts:
-                if i["model"] == m["id"]:
-                    r = roles.setdefault(i["role"], {"active": 0, "total": 0})
-                    r["total"] += 1
-                    r["active"] += i["state"] == "active"
-            out_models.append({"id": m["id"], "max_model_len": m.get("max_model_len"), "instances": roles})
-        return {"models": out_models}
+        by_model: dict[str, dict[str, Any]] = {}
+        for i in await c.instances():
+            m = by_model.setdefault(i["model"], {"id": i["model"], "max_model_len": None, "instances": {}})
+            if i["max_model_len"]:
+                m["max_model_len"] = min(m["max_model_len"] or i["max_model_len"], i["max_model_len"])
+            r = m["instances"].setdefault(i["role"], {"active": 0, "total": 0})
+            r["total"] += 1
+            r["active"] += i["state"] == "active"
+        return {"models": [by_model[k] for k in sorted(by_model)]}
 
     def render(d: dict[str, Any]) -> None:
         rows = [
             (
                 m["id"],
                 m["max_model_len"] or "?",
-                ", ".join(f"{r} {v['active']}/{v['total']}" for r, v in sorted(m["instances"].items())) or "none",
+                ", ".join(f"{r} {v['active']}/{v['total']}" for r, v in sorted(m["instances"].items())),
             )
             for m in d["models"]
         ]
