@@ -14,6 +14,14 @@ from daemon.db.store import Store, make_engine
 from tetrictl.procs import spawn, stop_all, wait_ready
 
 
+def wait_for(predicate, timeout: float = 20.0) -> None:
+    """Poll `predicate` every 50 ms until it holds; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def all_rows(db_url: str) -> dict[str, dict]:
     """Every request row in the status table at `db_url`, by id."""
     store = Store(make_engine(db_url))

@@ -15,7 +15,7 @@ import pytest
 
 from daemon.db.store import Store, make_engine
 
-from .harness import LiveCluster, start_cluster
+from .harness import LiveCluster, start_cluster, wait_for
 
 pytestmark = pytest.mark.slow
 MODEL = "tetri-sim"
@@ -37,13 +37,6 @@ def table(c: LiveCluster, what: str) -> list[dict]:
         return store.list_flips() if what == "flips" else store.list_policy_changes()
     finally:
         store.close()
-
-
-def wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def finished_rows(c: LiveCluster, ids: list[str], timeout: float = 20.0) -> dict[str, dict]:

@@ -5,14 +5,13 @@ the admin API), and instances flip between the three roles while requests run, l
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from .harness import LiveCluster, start_cluster
+from .harness import LiveCluster, start_cluster, wait_for
 
 pytestmark = pytest.mark.slow
 MODEL = "tetri-sim"
@@ -26,13 +25,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
         yield c
     finally:
         c.stop()
-
-
-def _wait(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _serve(h: httpx.Client, prompt_len: int, seed: int = 7, pin: str | None = None) -> dict:
@@ -51,7 +43,7 @@ def _serve(h: httpx.Client, prompt_len: int, seed: int = 7, pin: str | None = No
         row = got.json() if got.status_code == 200 else {}
         return row.get("status") == "finished"
 
-    _wait(written)
+    wait_for(written, 30)
     assert row["output_tokens"] == 8
     return row
 
@@ -107,22 +99,22 @@ def test_instances_flip_between_the_three_roles_under_load(cluster: LiveCluster)
             def flip(iid: str, to: str) -> None:
                 r = h.post(f"/api/v1/instances/{iid}/flip", json={"to": to, "reason": "test"})
                 assert r.status_code == 202, r.text
-                _wait(lambda: h.get(f"/api/v1/instances/{iid}").json()["role"] == to, 60)
-                _wait(lambda: h.get(f"/api/v1/instances/{iid}").json()["state"] == "active", 60)
+                wait_for(lambda: h.get(f"/api/v1/instances/{iid}").json()["role"] == to, 60)
+                wait_for(lambda: h.get(f"/api/v1/instances/{iid}").json()["state"] == "active", 60)
 
-            _wait(lambda: len(served) >= 6)
+            wait_for(lambda: len(served) >= 6, 30)
             flip(c, "decode")  # colocated → decode: two decode instances, every request split
             # the only prefill instance with no colocated instance left: nothing else could serve
             r = h.post(f"/api/v1/instances/{p}/flip", json={"to": "colocated"})
             assert r.status_code == 409 and "nothing else could serve" in r.json()["error"]["message"]
             n = len(served)
-            _wait(lambda: len(served) >= n + 6)
+            wait_for(lambda: len(served) >= n + 6, 30)
             flip(d, "colocated")  # decode → colocated: a hybrid cluster again, the other way round
             n = len(served)
-            _wait(lambda: len(served) >= n + 6)
+            wait_for(lambda: len(served) >= n + 6, 30)
             flip(p, "colocated")  # the last prefill instance goes: its held KV drains to decode instance c
             n = len(served)
-            _wait(lambda: len(served) >= n + 6)
+            wait_for(lambda: len(served) >= n + 6, 30)
             roles = {i["id"]: i["role"] for i in h.get("/api/v1/instances").json()["instances"]}
             assert roles == {c: "decode", p: "colocated", d: "colocated"}
             flips = h.get("/api/v1/flips").json()["flips"]
