@@ -35,9 +35,12 @@ def _roles(config: ClusterConfig) -> list[str]:
     return ["prefill"] * p + ["decode"] * (config.instances - p - c) + ["colocated"] * c
 
 
-async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> tuple[dict[str, str], dict[str, float]]:
-    """Send every request at its (scaled) arrival time; returns workload id → daemon request id, and for
-    those answered 429 (`ttft_miss` reject) workload id → model seconds from the start to the answer."""
+async def _replay(
+    c: TetriClient, requests: Sequence[Request], scale: float, keep_ids: bool = False
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Send every request at its (scaled) arrival time (with `keep_ids`, under its own id:
+    `tetri.request_id`); returns workload id → daemon request id, and for those answered 429 (`ttft_miss`
+    reject) workload id → model seconds from the start to the answer."""
     ids: dict[str, str] = {}
     rejected: dict[str, float] = {}
     t0 = time.monotonic()
@@ -49,6 +52,8 @@ async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> 
             "prompt": [1 + (i % 250) for i in range(r.prompt_len)],
             "max_tokens": r.output_len,
         }
+        if keep_ids:
+            body["tetri"] = {"request_id": r.request_id}
         try:
             ids[r.request_id] = (await c.complete(body))["id"]
         except Refused as e:
@@ -61,7 +66,12 @@ async def _replay(c: TetriClient, requests: Sequence[Request], scale: float) -> 
 
 
 async def _run(
-    url: str, config: ClusterConfig | None, requests: Sequence[Request], scale: float, token: str | None = None
+    url: str,
+    config: ClusterConfig | None,
+    requests: Sequence[Request],
+    scale: float,
+    token: str | None = None,
+    keep_ids: bool = False,
 ) -> tuple[dict[str, str], dict[str, dict], float, int, dict[str, float]]:
     async with TetriClient(Target(url, token), timeout=30) as c:
         if config is not None:  # TetriInfer's policies, or the baseline's colocated schedule
@@ -72,7 +82,7 @@ async def _run(
                 raise RuntimeError("workers did not take the policies")
             await asyncio.sleep(0.05)
         t_start = float((await c.cluster())["now"])  # the cluster clock: model time
-        ids, rejected = await _replay(c, requests, scale)
+        ids, rejected = await _replay(c, requests, scale, keep_ids)
         await asyncio.sleep(0.3)  # one flush of the batched status-table writes
         rows = {r["id"]: r for r in await c.all_requests()}
         preempt = sum(i["preemptions"] for i in await c.instances())
@@ -106,11 +116,19 @@ def live_runner(time_scale: float = 1.0) -> Runner:
 
 
 def replay_on(
-    url: str, requests: Sequence[Request], time_scale: float, gpus: int, token: str | None = None
+    url: str,
+    requests: Sequence[Request],
+    time_scale: float,
+    gpus: int,
+    token: str | None = None,
+    keep_ids: bool = False,
 ) -> RunResult:
     """Replay `requests` at their arrival times on a running cluster as it is (its policies, its split)
-    and read back their records (`tetrictl advise`'s round trip: the advice applied, the same trace)."""
-    ids, rows, t_start, preempt, rejected = asyncio.run(_run(url, None, requests, time_scale, token))
+    and read back their records (`tetrictl advise`'s round trip: the advice applied, the same trace).
+    With `keep_ids` each is sent under its own id, which must be free on the cluster: the oracle length
+    predictor draws its mistakes per request id, so the run draws the ones the simulator draws for
+    `requests`."""
+    ids, rows, t_start, preempt, rejected = asyncio.run(_run(url, None, requests, time_scale, token, keep_ids))
     return _result(requests, ids, rows, t_start, preempt, gpus, rejected)
 
 

@@ -9,12 +9,14 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tetri.des.advise import AdviceSpec, offered_rate, outcome
+from tetri.des.advise import AdviceSpec, offered_rate, outcome, setup_config
+from tetri.des.cluster import simulate
 from tetri.des.mixes import make_mix
 from tetri.des.slo import parse_slos
 from tetri.des.trace import read_trace
@@ -78,7 +80,11 @@ def test_past_vllm_v1s_capacity_the_advised_colocated_policies_get_the_predicted
     """An overloaded point of the SLO matrix's chat mix (docs/bench.md): 240 requests at 400 req/s on 4 GPUs,
     where vllm-v1 serves under half within TTFT ≤ 0.5 s and TPOT ≤ 50 ms. An operator of a colocated vllm-v1
     cluster exports the history, advises among the colocated setups (rejecting allowed), applies it in place
-    (policies only) and serves the same trace again: the live goodput and rejections are the predicted."""
+    (policies only) and serves the same trace again: the live goodput and rejections are the predicted.
+
+    The advice sorts by lengths from an oracle right 74.9% of the time, which draws its mistakes per request
+    id: the rerun keeps ids of its own, and the prediction it is held to is the simulator's for those ids
+    (the advice's figure is one draw of those mistakes; docs/advise.md gives their spread)."""
     chat_scale = 0.2
     c = start_cluster(tmp_path, ["colocated"] * 4, mode="colocated", profile=PROFILE, time_scale=chat_scale)
     slo = "ttft=0.5,tpot=0.05"
@@ -102,9 +108,13 @@ def test_past_vllm_v1s_capacity_the_advised_colocated_policies_get_the_predicted
         with httpx.Client(base_url=c.url, timeout=10) as h:
             policies = h.get("/api/v1/policies").json()["policies"]
         assert all(policies[k] == advice["policies"][k] for k in doc["applied"]["changed"])
-        result = replay_on(c.url, trace, chat_scale, 4)
+        again = [replace(r, request_id=f"again-{r.request_id}") for r in trace]
+        result = replay_on(c.url, again, chat_scale, 4, keep_ids=True)
     finally:
         c.stop()
-    live = outcome(result, parse_slos([slo]), 2.0, offered_rate(trace))
-    assert live["goodput_rps"] == pytest.approx(advice["outcome"]["goodput_rps"], rel=0.10)
-    assert live["rejected"] == pytest.approx(advice["outcome"]["rejected"], abs=0.05 * len(trace))
+    spec = AdviceSpec(profile=PROFILE, gpus=4, slo=parse_slos([slo]))
+    predicted = outcome(simulate(again, setup_config(spec, advice)), spec.slo, spec.price, offered_rate(trace))
+    assert predicted["goodput_rps"] >= 1.3 * base
+    live = outcome(result, spec.slo, spec.price, offered_rate(trace))
+    assert live["goodput_rps"] == pytest.approx(predicted["goodput_rps"], rel=0.10)
+    assert live["rejected"] == pytest.approx(predicted["rejected"], abs=0.05 * len(trace))
