@@ -6,8 +6,12 @@ prefill dispatchers choose from; other roles get the policies only), built at mo
 and only when a decode instance's load changed; the gRPC edge sends a stream only an answer newer than
 the last it sent there.
 An instance that misses `unhealthy_after` intervals is marked unhealthy and gets no new work until it
-reports again. Everything here is plain data: the ControlPlane gRPC service (`daemon.grpc_edge`) converts
-the wire messages to and from these classes.
+reports again. A cordoned instance (`cordon`: the admin API's `POST /api/v1/instances/{id}/cordon`) gets
+no new work either — no new prompts, no new hand-overs (broadcasts and fronts' views show it `cordoned`)
+— whatever it reports, until `uncordon`; what runs there runs to completion. The flag lives in this
+registry only: it survives a re-registration, not a restart of the daemon.
+Everything here is plain data: the ControlPlane gRPC service (`daemon.grpc_edge`) converts the wire
+messages to and from these classes.
 
 Times are on the cluster clock (`tetri.clock.ClusterClock`: model time when the cluster runs scaled).
 The report interval paces processes, so it is wall time; the health limit (`unhealthy_after` ×
@@ -20,10 +24,13 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tetri.clock import ClusterClock
+from tetri.scheduling.flip import ROLES as FLIP_ROLES
+from tetri.scheduling.flip import leaves_unserved
 from tetri.scheduling.minindex import MinIndex
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.routing import InstanceLoad, choose_path, load_key
@@ -41,7 +48,7 @@ class LoadReport:
 
     instance_id: str = ""
     role: str = ""
-    state: str = ""  # "active" | "draining" | "flipping" (the worker's word; "unhealthy" in broadcasts)
+    state: str = ""  # "active" | "draining" | "flipping" (the worker's word; "unhealthy", "cordoned" in broadcasts)
     queued: int = 0
     running: int = 0
     kv_used_tokens: int = 0
@@ -153,6 +160,8 @@ class Instance:
     inflight: int = 0  # requests routed here by the daemon and not finished
     reports: int = 0
     flip_pending: bool = False  # the daemon started a flip: stay out of routing whatever reports say
+    cordoned: bool = False  # an operator cordoned it: out of routing (new work) whatever reports say
+    cordoned_at: float = 0.0  # cluster clock of the cordon
     recorded: bool = False  # the status tables hold its row: its load samples can be written
     sampled_report: int = -1  # the report last written as a load sample (-1: none yet)
 
@@ -176,14 +185,30 @@ class Instance:
         cap = self.load.kv_capacity_tokens or self.kv_capacity_tokens
         return self.load.kv_used_tokens / cap if cap else 0.0
 
-    def to_dict(self, now: float) -> dict[str, object]:
-        """The instance as the admin API shows it; `now` is the cluster clock."""
+    @property
+    def schedulable(self) -> bool:
+        """Whether routing may send it new work: active, not cordoned, not flipping."""
+        return self.state == "active" and not self.cordoned and not self.flip_pending
+
+    def busy(self) -> bool:
+        """Whether anything is in flight there: requests this daemon routed there, what its last report
+        says queued or running, or (prefill) KV no decode instance has pulled yet."""
+        ld = self.load
+        return bool(self.inflight or ld.queued or ld.running or ld.held_kv_tokens)
+
+    def to_dict(self, now: float, settle_s: float = 0.0) -> dict[str, object]:
+        """The instance as the admin API shows it; `now` is the cluster clock. `drained`: cordoned, and
+        nothing in flight there as of a load report received `settle_s` (cluster clock) or more after the
+        cordon (hand-overs chosen from the broadcast before the cordon have landed by then)."""
         ld = self.load
         cap = ld.kv_capacity_tokens or self.kv_capacity_tokens
+        drained = self.cordoned and not self.busy() and self.last_report - self.cordoned_at >= settle_s
         return {
             "id": self.id,
             "role": self.role,
             "state": self.state,
+            "cordoned": self.cordoned,
+            "drained": drained,
             "address": self.address,
             "model": self.model,
             "max_model_len": self.max_model_len,
@@ -239,8 +264,17 @@ class Cluster:
         self._followed_policies = ""  # a front: the policies of the last view it followed, as sent
 
     def instance_dicts(self) -> list[dict[str, object]]:
-        now = self.clock.now()
-        return [i.to_dict(now) for i in self.instances.values()]
+        now, settle = self.clock.now(), self.drain_settle_s()
+        return [i.to_dict(now, settle) for i in self.instances.values()]
+
+    def instance_dict(self, inst: Instance) -> dict[str, object]:
+        return inst.to_dict(self.clock.now(), self.drain_settle_s())
+
+    def drain_settle_s(self) -> float:
+        """How long after a cordon (cluster clock) a load report shows what the cordon left there: one
+        report interval for the prefill instances to get the broadcast that shows it, one for the instance
+        to report what was handed over before."""
+        return self.clock.model_seconds(2 * self.report_interval_s)
 
     # --- registry ---------------------------------------------------------------------------------
     def refusal(self, reg: Registration) -> str | None:
@@ -270,6 +304,7 @@ class Cluster:
         self.invalidate()
         if old is not None:  # renewed in place: requests in flight there keep counting on this entry
             inst.inflight = old.inflight
+            inst.cordoned, inst.cordoned_at = old.cordoned, old.cordoned_at  # an operator's word stands
             old.__dict__.update(inst.__dict__)
             return old
         self.instances[inst.id] = inst
@@ -355,6 +390,40 @@ class Cluster:
             inst.state = "active"
         self.invalidate()
 
+    # --- cordon -------------------------------------------------------------------------------------------
+    def serving(self, model: str) -> tuple[Counter[str], int]:
+        """What takes `model`'s new work, as `leaves_unserved` counts it: its schedulable instances by role,
+        and its prefill instances draining for a flip (their held KV goes to a decode instance)."""
+        active = Counter(i.role for i in self.healthy(*FLIP_ROLES, model=model))
+        draining = sum(
+            1 for i in self.instances.values() if i.model == model and i.role == "prefill" and i.flip_pending
+        )
+        return active, draining
+
+    def cordon_refusal(self, inst: Instance) -> str | None:
+        """Why this instance may not be cordoned (None: it may): it is the last that keeps its model served
+        (`leaves_unserved`, the rule flips apply). One already out of routing (cordoned, flipping,
+        unhealthy) may always be."""
+        if not inst.schedulable:
+            return None
+        return leaves_unserved(inst.id, inst.role, *self.serving(inst.model))
+
+    def cordon(self, inst: Instance) -> bool:
+        """No new work for this instance (call `cordon_refusal` first); whether it was not cordoned yet."""
+        if inst.cordoned:
+            return False
+        inst.cordoned, inst.cordoned_at = True, self.clock.now()
+        self.invalidate()
+        return True
+
+    def uncordon(self, inst: Instance) -> bool:
+        """Routing may send it new work again; whether it was cordoned."""
+        if not inst.cordoned:
+            return False
+        inst.cordoned = False
+        self.invalidate()
+        return True
+
     def suspect(self, instance_id: str) -> None:
         """A call to this instance failed at the transport (it died or is unreachable): route nothing
         more to it until it reports again."""
@@ -366,11 +435,11 @@ class Cluster:
 
     # --- the routing index and the model catalogue --------------------------------------------------
     def _index(self) -> dict[tuple[str, str], MinIndex]:
-        """Per (role, model), the active instances by `load_key` (the least loaded first)."""
+        """Per (role, model), the active instances not cordoned by `load_key` (the least loaded first)."""
         if self._routes is None:
             routes: dict[tuple[str, str], MinIndex] = {}
             for i in self.instances.values():
-                if i.state == "active":
+                if i.state == "active" and not i.cordoned:
                     routes.setdefault((i.role, i.model), MinIndex()).set(load_key(i.snapshot()))
             self._routes = routes
         return self._routes
@@ -389,7 +458,7 @@ class Cluster:
         self._reindex(inst)
 
     def healthy(self, *roles: str, model: str | None = None) -> list[Instance]:
-        """Active instances in these roles (serving `model`, when given)."""
+        """Active instances not cordoned in these roles (serving `model`, when given)."""
         return [
             self.instances[iid]
             for (role, m), idx in self._index().items()
@@ -407,10 +476,10 @@ class Cluster:
     ) -> Instance | None:
         """Where a request for `model` starts (TetriInfer §3.2): the least-loaded active colocated instance,
         or the least-loaded active prefill instance provided an active decode instance can take its
-        hand-over; none of `exclude`. When the model has both, the policies' `pd_route` chooses between them
-        for this request (`choose_path`: its prompt length, predicted output range and the two entries'
-        loads); `split`: only a prefill instance (the request names its decode instance). None: no instance
-        can take it now."""
+        hand-over (cordoned ones count as none); none of `exclude`. When the model has both, the policies'
+        `pd_route` chooses between them for this request (`choose_path`: its prompt length, predicted output
+        range and the two entries' loads); `split`: only a prefill instance (the request names its decode
+        instance). None: no instance can take it now."""
         routes = self._index()
         colocated = None if split else routes.get(("colocated", model))
         c = colocated.best(exclude) if colocated else None
@@ -498,12 +567,13 @@ class Cluster:
 
     # --- a front's copy of the controller's registry ------------------------------------------------------
     def view(self) -> ClusterView:
-        """The registry as a front follows it (instances flipping show as draining: out of routing)."""
+        """The registry as a front follows it (instances flipping show as draining: out of routing; active
+        ones cordoned as `cordoned`)."""
         return ClusterView(
             [
                 InstanceState(
                     i.registration(),
-                    "draining" if i.flip_pending else i.state,
+                    "draining" if i.flip_pending else self._shown_state(i),
                     i.load,
                 )
                 for i in self.instances.values()
@@ -531,11 +601,15 @@ class Cluster:
                 inst = self.register(reg)
                 new.append(inst)
             # a call that failed here marked it unhealthy (`suspect`): so it stays until it reports again
-            state = "unhealthy" if inst.state == "unhealthy" and s.load.timestamp == inst.load.timestamp else s.state
+            cordoned = s.state == "cordoned"
+            shown = "active" if cordoned else s.state
+            state = "unhealthy" if inst.state == "unhealthy" and s.load.timestamp == inst.load.timestamp else shown
             inst.load, inst.last_report = s.load, now
             inst.reports += 1
-            if (inst.state, inst.role) != (state, reg.role):
-                inst.state, inst.role = state, reg.role
+            if (inst.state, inst.role, inst.cordoned) != (state, reg.role, cordoned):
+                if cordoned and not inst.cordoned:
+                    inst.cordoned_at = now
+                inst.state, inst.role, inst.cordoned = state, reg.role, cordoned
                 self.invalidate()
             self._reindex(inst)
         seen = {s.registration.instance_id for s in view.instances}
@@ -556,9 +630,15 @@ class Cluster:
         self.invalidate()
 
     @staticmethod
-    def _broadcast_load(i: Instance) -> LoadReport:
+    def _shown_state(i: Instance) -> str:
+        """Its state as broadcasts and views carry it: `cordoned` for an active one cordoned (workers hand
+        over to `active` decode instances only; a front takes it back as the flag)."""
+        return "cordoned" if i.cordoned and i.state == "active" else i.state
+
+    @classmethod
+    def _broadcast_load(cls, i: Instance) -> LoadReport:
         return dataclasses.replace(
-            i.load, state=i.state, kv_capacity_tokens=i.load.kv_capacity_tokens or i.kv_capacity_tokens
+            i.load, state=cls._shown_state(i), kv_capacity_tokens=i.load.kv_capacity_tokens or i.kv_capacity_tokens
         )
 
     async def monitor(self) -> None:

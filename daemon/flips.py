@@ -2,11 +2,12 @@
 transition watcher (`tetri.scheduling.flip`, a pure policy).
 
 Protocol: validate (known instance, to another of the three roles, not already flipping, never leaving
-its model unserved: `flip_refusal`) → record the flip → mark the instance draining in the registry (no new requests
-are routed to it, and the decode-load broadcast tells prefill instances to stop sending to it) → the
-worker's Flip RPC drains queued and running work and changes role → the registry takes the new role
-and the instance is active again, announced in the next broadcast. Each flip is a row in `flips`
-(reason, who asked, started, drained, done, outcome), stamped on the cluster clock.
+its model unserved: `flip_refusal`, its instances counted as for a cordon, `Cluster.serving`) → record the
+flip → mark the instance draining in the registry (no new requests are routed to it, and the decode-load
+broadcast tells prefill instances to stop sending to it) → the worker's Flip RPC drains queued and
+running work and changes role → the registry takes the new role and the instance is active again,
+announced in the next broadcast. Each flip is a row in `flips` (reason, who asked, started, drained,
+done, outcome), stamped on the cluster clock.
 
 The transition watcher sees the cluster clock too: its window (`flip_window_s`) is model time when the
 cluster runs scaled, as in the discrete-event simulator, and it looks every model second (the
@@ -25,14 +26,13 @@ import asyncio
 import logging
 import multiprocessing
 import signal
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from tetri.des.flipadvisor import SplitAdvisor
 from tetri.des.trace import Seen
-from tetri.scheduling.flip import ROLES, InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
+from tetri.scheduling.flip import InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
 
 from .cluster import Cluster, Instance
 from .db.store import Store
@@ -79,12 +79,9 @@ class Flipper:
             raise FlipError(400, f"to: required for colocated instance {inst.id} (prefill or decode)")
         to = to_role or ("decode" if inst.role == "prefill" else "prefill")
         state = "flipping" if inst.flip_pending else inst.state
-        active = Counter(i.role for i in self.cluster.healthy(*ROLES, model=inst.model))
-        draining = sum(
-            1
-            for i in self.cluster.instances.values()
-            if i.model == inst.model and i.role == "prefill" and i.flip_pending
-        )
+        active, draining = self.cluster.serving(inst.model)  # what a cordon counts too (`Cluster.cordon_refusal`)
+        if inst.cordoned and state == "active":  # counted as the rule counts it, "this one included"
+            active[inst.role] += 1  # (cordoned, it serves nothing new: flipping it leaves the model as it is)
         refusal = flip_refusal(inst.id, inst.role, state, to, active, draining)
         if refusal is not None:
             raise FlipError(400 if refusal.param == "to" else 409, refusal.reason)
@@ -151,7 +148,7 @@ class Flipper:
                 InstanceView(
                     i.id,
                     i.role,
-                    "flipping" if i.flip_pending else i.state,
+                    "flipping" if i.flip_pending else "cordoned" if i.cordoned and i.state == "active" else i.state,
                     i.kv_usage,
                     i.load.queued + i.inflight,
                 )
@@ -176,7 +173,7 @@ class Flipper:
             seen.append(
                 Seen(r["id"], r["arrival_ts"], r["prompt_tokens"], r["max_tokens"], r["output_tokens"], done, hi)
             )
-        active = [i.role for i in self.cluster.instances.values() if i.state == "active" and not i.flip_pending]
+        active = [i.role for i in self.cluster.instances.values() if i.schedulable]
         p, d = active.count("prefill"), active.count("decode")
         if self._pool is None:  # spawn, not fork: the daemon runs gRPC threads
             spawn = multiprocessing.get_context("spawn")

@@ -1,6 +1,7 @@
-"""`tetrictl status`, `instances ls|show`, `requests ls|show|cancel|export`: read the cluster over the admin
-API."""
+"""`tetrictl status`, `instances ls|show|cordon|uncordon|drain`, `requests ls|show|cancel|export`: read the
+cluster over the admin API (and cordon instances)."""
 
+import asyncio
 import json
 import sys
 import time
@@ -9,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .client import TetriClient
+from .client import ClientError, TetriClient
 from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, ago, call, target, when
 from .output import err, fail, out, table
 
@@ -21,11 +22,16 @@ STATUSES = ("running", "finished", "failed", "cancelled", "rejected", "interrupt
 INSTANCE_COLUMNS = ("id", "role", "state", "queued", "running", "KV %", "tokens/s", "preempt", "report age")
 
 
+def state_word(i: dict[str, Any]) -> str:
+    """The state column: the instance's state, and cordoned when it is (as kubectl's Ready,SchedulingDisabled)."""
+    return f"{i['state']},cordoned" if i.get("cordoned") else str(i["state"])
+
+
 def instance_row(i: dict[str, Any]) -> list[Any]:
     return [
         i["id"],
         i["role"],
-        i["state"],
+        state_word(i),
         i["queued"],
         i["running"],
         f"{100 * i['kv_usage']:.0f}%",
@@ -94,7 +100,7 @@ def status(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = No
 def instances_ls(
     url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False
 ) -> None:
-    """List instances with their load."""
+    """List instances with their load; a cordoned instance's state says so (active,cordoned)."""
 
     async def body(c: TetriClient) -> list[dict[str, Any]]:
         return await c.instances()
@@ -122,6 +128,95 @@ def instances_show(
         return await c.instance(instance_id)
 
     call(target(url, token, config), body, lambda d: table(d["id"], ("field", "value"), list(d.items())), json_out)
+
+
+@instances_app.command("cordon")
+def instances_cordon(
+    instance_id: Annotated[str, typer.Argument(help="Instance id (see instances ls).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Mark an instance unschedulable: the daemon sends it no new work (no new prompts; a decode
+    instance, no new hand-overs) while what runs there runs to completion. It stays registered and
+    reporting. Held in the daemon's memory: a daemon restart forgets it. Exit 1 when the daemon refuses
+    (the last instance that keeps its model served), 2 for an unknown instance."""
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        return await c.cordon(instance_id)
+
+    def render(d: dict[str, Any]) -> None:
+        out.print(f"instance {d['id']} {'cordoned' if d['changed'] else 'already cordoned'}")
+
+    call(target(url, token, config), body, render, json_out)
+
+
+@instances_app.command("uncordon")
+def instances_uncordon(
+    instance_id: Annotated[str, typer.Argument(help="Instance id (see instances ls).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Mark an instance schedulable again: the daemon routes new work to it. Exit 2 for an unknown
+    instance."""
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        return await c.uncordon(instance_id)
+
+    def render(d: dict[str, Any]) -> None:
+        out.print(f"instance {d['id']} {'uncordoned' if d['changed'] else 'was not cordoned'}")
+
+    call(target(url, token, config), body, render, json_out)
+
+
+async def wait_drained(c: TetriClient, instance_id: str, timeout: float) -> dict[str, Any]:
+    """Poll the instance until the daemon says it is drained (cordoned, nothing in flight there); it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        inst = await c.instance(instance_id)
+        if not inst.get("cordoned"):
+            raise ClientError(f"instance {instance_id} was uncordoned while it drained")
+        if inst.get("drained"):
+            return inst
+        if time.monotonic() > deadline:
+            raise ClientError(
+                f"instance {instance_id} still has requests in flight after {timeout:g}s "
+                f"(it stays cordoned; see tetrictl instances show {instance_id})"
+            )
+        await asyncio.sleep(0.2)
+
+
+@instances_app.command("drain")
+def instances_drain(
+    instance_id: Annotated[str, typer.Argument(help="Instance id (see instances ls).")],
+    timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds.")] = 300.0,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Cordon an instance, then wait until nothing is in flight there (its requests ran to completion).
+    It does not stop the worker process (as kubectl drain does not delete the node): stop it yourself,
+    and uncordon the instance when it is back. Exit 1 when the daemon refuses the cordon or requests are
+    still in flight after --timeout seconds (it stays cordoned), 2 for an unknown instance."""
+    if not timeout > 0:
+        fail("--timeout must be positive")
+
+    async def body(c: TetriClient) -> dict[str, Any]:
+        started = time.monotonic()
+        await c.cordon(instance_id)
+        inst = await wait_drained(c, instance_id, timeout)
+        return {"instance": inst, "drained": True, "waited_s": round(time.monotonic() - started, 3)}
+
+    def render(d: dict[str, Any]) -> None:
+        iid = d["instance"]["id"]
+        out.print(f"instance {iid} drained in {d['waited_s']:.1f}s: cordoned, nothing in flight")
+        out.print(f"its worker still runs; tetrictl instances uncordon {iid} puts it back in service")
+
+    call(target(url, token, config), body, render, json_out)
 
 
 REQUEST_COLUMNS = ("id", "phase", "status", "prompt", "output", "TTFT ms", "JCT ms", "prefill", "decode", "arrived")

@@ -1,4 +1,5 @@
-"""The admin API under /api/v1: cluster summary, instances, requests, one request's timeline, cancel.
+"""The admin API under /api/v1: cluster summary, instances (and their cordons), requests, one request's
+timeline, cancel, policies, flips.
 
 Status-table reads go to the database (writes are batched, so a request may appear there up to one
 flush interval after it arrives). A row is written as its request starts and as it ends, so what is in
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Annotated, Any
 
@@ -26,6 +28,8 @@ from ..gateway import Gateway, Inflight
 from .auth import identity, require_admin
 from .forward import at_front, to_controller
 from .schemas import BulkCancel, errors
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], responses=errors(401, 404, 409))
 
@@ -78,7 +82,44 @@ async def instance(instance_id: str, request: Request) -> dict[str, Any]:
     inst = gw.cluster.instances.get(instance_id)
     if inst is None:
         raise HTTPException(404, detail=f"no instance {instance_id!r}")
-    return inst.to_dict(gw.clock.now())
+    return gw.cluster.instance_dict(inst)
+
+
+# --- cordons --------------------------------------------------------------------------------------------
+@router.post("/instances/{instance_id}/cordon")
+async def cordon(instance_id: str, request: Request) -> dict[str, Any]:
+    """Send the instance no new work (no new prompts; no new hand-overs to a decode instance) until it is
+    uncordoned; what runs there runs to completion, and it stays registered and reporting. Refused (409)
+    when it is the last instance that keeps its model served, as a flip is. Held in the controller's memory
+    (a daemon restart forgets it). The instance, `changed`: whether it was not cordoned yet."""
+    if at_front(request):
+        return await to_controller(request, None)
+    cluster = _gw(request).cluster
+    inst = cluster.instances.get(instance_id)
+    if inst is None:
+        raise HTTPException(404, detail=f"no instance {instance_id!r}")
+    refusal = cluster.cordon_refusal(inst)
+    if refusal is not None:
+        raise HTTPException(409, detail={"message": f"not cordoned: {refusal}", "param": None})
+    changed = cluster.cordon(inst)
+    if changed:
+        log.warning("instance %s (%s) cordoned by %s", inst.id, inst.role, identity(request))
+    return cluster.instance_dict(inst) | {"changed": changed}
+
+
+@router.post("/instances/{instance_id}/uncordon")
+async def uncordon(instance_id: str, request: Request) -> dict[str, Any]:
+    """Routing may send the instance new work again. The instance, `changed`: whether it was cordoned."""
+    if at_front(request):
+        return await to_controller(request, None)
+    cluster = _gw(request).cluster
+    inst = cluster.instances.get(instance_id)
+    if inst is None:
+        raise HTTPException(404, detail=f"no instance {instance_id!r}")
+    changed = cluster.uncordon(inst)
+    if changed:
+        log.warning("instance %s (%s) uncordoned by %s", inst.id, inst.role, identity(request))
+    return cluster.instance_dict(inst) | {"changed": changed}
 
 
 @router.get("/requests")

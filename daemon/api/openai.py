@@ -224,6 +224,9 @@ async def _admit(
         if target is None or target.role != "decode" or target.model != body.model:
             what = "no such instance" if target is None else f"it is a {target.role} instance of {target.model!r}"
             return reject(400, f"tetri.decode_instance {pin!r}: {what}", "BadRequestError", "tetri.decode_instance")
+        if target.cordoned:  # it takes no new hand-over (its worker would wait for it to be active, then fail)
+            message = f"tetri.decode_instance {pin!r}: it is cordoned (no new work until uncordoned)"
+            return reject(409, message, "ConflictError", "tetri.decode_instance")
     sampling = _sampling(body, tok)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     text = TextStream(tok.decoder(ids), stop, frozenset(sampling.stop_token_ids)) if tok is not None else None

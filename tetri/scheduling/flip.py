@@ -26,7 +26,7 @@ FLIP_POLICIES = ("off", "idle", "advise")
 class InstanceView:
     instance_id: str
     role: str  # prefill | decode | colocated (the watcher's policies flip prefill ⇄ decode only)
-    state: str  # active | draining | flipping | unhealthy
+    state: str  # active | draining | flipping | unhealthy | cordoned (the daemon's: no new work, not flipped)
     kv_usage: float  # 0..1
     queued: int = 0
 
@@ -148,10 +148,9 @@ def flip_refusal(
     """Why an instance may not flip to `to_role` now (None: it may). The one rule the daemon's flip API,
     the worker's Flip RPC and the simulator all apply: between the three roles (colocated, prefill,
     decode), to another role, from the active state, and never leaving its model unserved while it
-    drains. `active` counts the model's active instances by role, this one included (None where the
-    caller cannot know — a worker — and the daemon has checked): without this one there must still be a
-    colocated instance or a prefill and a decode instance, and the last decode instance stays while a
-    prefill instance does, active or still draining (`draining_prefill`: its held KV goes to one)."""
+    drains (`leaves_unserved`). `active` counts the model's active instances by role, this one included
+    (None where the caller cannot know — a worker — and the daemon has checked); `draining_prefill`: its
+    prefill instances still draining."""
     if role not in ROLES:
         return FlipRefusal(f"instance {instance_id} is {role}: only colocated, prefill and decode instances flip")
     if to_role not in ROLES:
@@ -164,13 +163,22 @@ def flip_refusal(
         return FlipRefusal(f"instance {instance_id} is {state}")
     if active is None:
         return None
+    unserved = leaves_unserved(instance_id, role, active, draining_prefill)
+    return None if unserved is None else FlipRefusal(unserved)
+
+
+def leaves_unserved(instance_id: str, role: str, active: Mapping[str, int], draining_prefill: int = 0) -> str | None:
+    """Why taking this instance out of routing would leave its model without a path (None: it would
+    not). The one rule a flip (`flip_refusal`) and a cordon (the daemon's `POST
+    /api/v1/instances/{id}/cordon`) apply. `active` counts the model's instances that take new work, by
+    role, this one included: without this one there must still be a colocated instance or a prefill and a
+    decode instance, and the last decode instance stays while a prefill instance does, active or still
+    draining (`draining_prefill`: its held KV goes to one)."""
     rest = {r: active.get(r, 0) - (r == role) for r in ROLES}
     if not rest["colocated"] and not (rest["prefill"] and rest["decode"]):
-        return FlipRefusal(f"instance {instance_id} is the last active {role} instance (nothing else could serve)")
+        return f"instance {instance_id} is the last active {role} instance (nothing else could serve)"
     if role == "decode" and not rest["decode"] and (rest["prefill"] or draining_prefill):
-        return FlipRefusal(
-            f"instance {instance_id} is the last active decode instance (prefill instances hand over to it)"
-        )
+        return f"instance {instance_id} is the last active decode instance (prefill instances hand over to it)"
     return None
 
 

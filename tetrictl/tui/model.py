@@ -116,7 +116,7 @@ def instance_cells(inst: dict[str, Any], history: History) -> tuple[str, ...]:
     return (
         inst["id"],
         inst["role"],
-        str(inst["state"]),  # active / draining / flipping / unhealthy
+        f"{inst['state']},cordoned" if inst.get("cordoned") else str(inst["state"]),  # active / draining / …
         f"{inst['queued']:,}",
         f"{inst['running']:,}",
         f"{100 * inst['kv_usage']:.0f}%",
