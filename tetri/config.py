@@ -213,6 +213,10 @@ class WorkerSettings(BaseSettings):
         "sharing a host get disjoint cores (docs/vllm.md).",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm on GPUs: memory share to use.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="vllm on GPUs: GPUs one engine spans.")
+    load_format: Literal["auto", "dummy"] = Field(
+        "auto", description="vllm: auto (the model's weights), or dummy (random weights: config.json alone)."
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="vllm: weight and KV dtype (auto: the model's)."
     )

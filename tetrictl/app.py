@@ -6,6 +6,8 @@ if __name__ == "__main__":  # `python -m tetrictl.app` starts as light as the `t
 
     mark_absent(UNUSED_MODULES)
 
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -55,8 +57,18 @@ def _root(
     show_version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
     ] = False,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-file",
+            help="An https daemon's CA bundle (PEM) for every command (env TETRI_CA_FILE, or ca_file in the config "
+            "file's [ctl] table); given before the command: tetrictl --ca-file ca.pem status.",
+        ),
+    ] = None,
 ) -> None:
     """The root: only its options (the app's help is the Typer's)."""
+    if ca_file is not None:  # every command's client reads it (tetrictl.client.resolve_target)
+        os.environ["TETRI_CA_FILE"] = str(ca_file)
 
 
 app.command("status")(status_cmd.status)
@@ -64,7 +76,7 @@ app.command("models")(status_cmd.models)
 app.add_typer(status_cmd.instances_app, name="instances")
 app.add_typer(status_cmd.requests_app, name="requests")
 app.command("flip")(flip_cmd.flip)
-app.command("flips")(flip_cmd.flips)
+app.add_typer(flip_cmd.flips_app, name="flips")
 app.add_typer(flip_cmd.flip_policy_app, name="flip-policy")
 app.add_typer(policy_cmd.app, name="policy")
 app.command("top")(top_cmd.top)
@@ -74,6 +86,7 @@ app.add_typer(cluster_cmd.daemon_app, name="daemon")
 app.add_typer(cluster_cmd.worker_app, name="worker")
 app.add_typer(cluster_cmd.front_app, name="front")
 app.command("up")(cluster_cmd.up)
+app.command("down")(cluster_cmd.down)
 app.command("bench")(bench_cmd.bench)
 app.command("profile")(profile_cmd.profile)
 app.command("advise")(advise_cmd.advise_cmd)

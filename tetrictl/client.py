@@ -50,10 +50,12 @@ class Refused(ClientError):
 class Target:
     url: str
     token: str | None
+    ca_file: str | None = None  # https: trust this PEM CA bundle (else the system's, or SSL_CERT_FILE's)
 
 
 def resolve_target(url: str | None = None, token: str | None = None, config: Path | None = None) -> Target:
-    """Flags beat the environment, the environment beats the config file's [ctl] table."""
+    """Flags beat the environment, the environment beats the config file's [ctl] table. The CA file comes
+    from `tetrictl --ca-file` (which sets TETRI_CA_FILE), TETRI_CA_FILE or [ctl] ca_file."""
     section: dict[str, Any] = {}
     path = config or (Path(os.environ["TETRI_CONFIG"]) if os.environ.get("TETRI_CONFIG") else None)
     if path is not None:
@@ -71,7 +73,8 @@ def resolve_target(url: str | None = None, token: str | None = None, config: Pat
     t = token or os.environ.get("TETRI_TOKEN") or section.get("token")
     if not isinstance(u, str) or not u.startswith(("http://", "https://")):
         raise ClientError(f"daemon url must start with http:// or https://, not {u!r}", exitcodes.USAGE)
-    return Target(u.rstrip("/"), str(t) if t else None)
+    ca = os.environ.get("TETRI_CA_FILE") or section.get("ca_file")
+    return Target(u.rstrip("/"), str(t) if t else None, str(ca) if ca else None)
 
 
 def _q(segment: str) -> str:
@@ -107,6 +110,12 @@ class TetriClient:
         verify: ssl.SSLContext | bool = (
             ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if target.url.startswith("http://") else True
         )
+        if target.ca_file and verify is True:
+            try:
+                verify = ssl.create_default_context(cafile=target.ca_file)
+            except (OSError, ssl.SSLError) as e:
+                why = e.strerror if isinstance(e, OSError) and e.strerror else "not a PEM CA bundle"
+                raise ClientError(f"--ca-file: cannot load {target.ca_file}: {why}", exitcodes.USAGE) from None
         try:
             self._h = httpx.AsyncClient(
                 base_url=target.url, headers=headers, timeout=timeout, limits=limits, transport=transport, verify=verify
@@ -164,6 +173,14 @@ class TetriClient:
 
     async def instance(self, instance_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/api/v1/instances/{_q(instance_id)}")
+
+    async def cordon(self, instance_id: str) -> dict[str, Any]:
+        """The instance, cordoned (`changed`: it was not yet)."""
+        return await self._call("POST", f"/api/v1/instances/{_q(instance_id)}/cordon")
+
+    async def uncordon(self, instance_id: str) -> dict[str, Any]:
+        """The instance, uncordoned (`changed`: it was cordoned)."""
+        return await self._call("POST", f"/api/v1/instances/{_q(instance_id)}/uncordon")
 
     # --- requests ---------------------------------------------------------------------------------------
     async def requests(

@@ -12,9 +12,12 @@ import typer
 from tetri.logsetup import FORMATS as LOG_FORMATS
 from tetri.logsetup import LEVELS as LOG_LEVELS
 from tetri.scheduling.colocated import BASELINES
+from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.presets import DEFAULT_PRESET
 
 from . import exitcodes
 from .output import fail, out, print_json
+from .policy_cmd import AdviceOpt, PresetOpt, preset_policies
 from .procs import StartError, start_local_cluster
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file ([daemon], [worker]).")]
@@ -42,6 +45,24 @@ StreamIntervalOpt = Annotated[
     ),
 ]
 LogFormatOpt = Annotated[str | None, typer.Option(help="Log format: text (default) or json, one object a line.")]
+EngineOpt = Annotated[str, typer.Option(help="Engine: sim, or vllm (needs the vllm extra).")]
+ModelOpt = Annotated[str | None, typer.Option(help="vllm: a local Hugging Face model directory.")]
+ServedNameOpt = Annotated[
+    str | None,
+    typer.Option(help="The model name clients send (default: the model directory's name; sim: tetri-sim)."),
+]
+KvConnectorOpt = Annotated[
+    str | None, typer.Option(help="vllm: HostKVConnector (default), NixlConnector or P2pNcclConnector.")
+]
+MaxModelLenOpt = Annotated[int | None, typer.Option(help="vllm: context length.")]
+DtypeOpt = Annotated[str | None, typer.Option(help="vllm: auto, float32, bfloat16 or float16.")]
+MaxNumSeqsOpt = Annotated[int | None, typer.Option(help="vllm: most sequences in a batch (default 64).")]
+GpuMemOpt = Annotated[float | None, typer.Option(help="vllm on GPUs: the share of GPU memory to use (default 0.9).")]
+TensorParallelOpt = Annotated[int | None, typer.Option(help="vllm on GPUs: GPUs one engine spans (default 1).")]
+LoadFormatOpt = Annotated[
+    str | None, typer.Option(help="vllm: auto (the model's weights) or dummy (random weights, config.json alone).")
+]
+ChunkSizeOpt = Annotated[int | None, typer.Option(help="vllm: max_num_batched_tokens (ChunkSize).")]
 
 
 def _opt(args: list[str], flag: str, value: object) -> None:
@@ -139,23 +160,32 @@ def front_start(
     _exec("daemon.main", args)
 
 
+def _vllm_flags(
+    max_num_seqs: int | None,
+    gpu_memory_utilization: float | None,
+    tensor_parallel_size: int | None,
+    load_format: str | None,
+) -> list[tuple[str, object]]:
+    return [
+        ("--max-num-seqs", max_num_seqs),
+        ("--gpu-memory-utilization", gpu_memory_utilization),
+        ("--tensor-parallel-size", tensor_parallel_size),
+        ("--load-format", load_format),
+    ]
+
+
 @worker_app.command("start")
 def worker_start(
     role: Annotated[str, typer.Option(help="prefill, decode or colocated.")],
     daemon: Annotated[str, typer.Option(help="The daemon's control-plane gRPC address host:port.")] = "127.0.0.1:50051",
-    engine: Annotated[str, typer.Option(help="Engine: sim, or vllm (needs the vllm extra).")] = "sim",
-    model: Annotated[str | None, typer.Option(help="vllm: a local Hugging Face model directory.")] = None,
-    served_model_name: Annotated[
-        str | None,
-        typer.Option(help="The model name clients send (default: the model directory's name; sim: tetri-sim)."),
-    ] = None,
+    engine: EngineOpt = "sim",
+    model: ModelOpt = None,
+    served_model_name: ServedNameOpt = None,
     tokenizer: Annotated[
         str | None,
         typer.Option(help="A local tokenizer directory for the daemon (default: the model's; sim: built-in bytes)."),
     ] = None,
-    kv_connector: Annotated[
-        str | None, typer.Option(help="vllm: HostKVConnector (default), NixlConnector or P2pNcclConnector.")
-    ] = None,
+    kv_connector: KvConnectorOpt = None,
     kv_store: Annotated[
         str | None, typer.Option(help="vllm + HostKVConnector: the KV path both engines share (a tmpfs).")
     ] = None,
@@ -164,14 +194,18 @@ def worker_start(
     ] = None,
     kv_both: Annotated[bool, typer.Option("--kv-both", help="vllm: kv_both connector role (flips in place).")] = False,
     on_missing_kv: Annotated[str | None, typer.Option(help="vllm decode: error or recompute.")] = None,
-    chunk_size: Annotated[int | None, typer.Option(help="vllm: max_num_batched_tokens (ChunkSize).")] = None,
+    chunk_size: ChunkSizeOpt = None,
     scheduling_policy: Annotated[
         str | None,
         typer.Option(help="vllm: fcfs (vLLM's default) or priority (colocated: takes --queue-order srpt)."),
     ] = None,
-    max_model_len: Annotated[int | None, typer.Option(help="vllm: context length.")] = None,
+    max_model_len: MaxModelLenOpt = None,
     block_size: Annotated[int | None, typer.Option(help="vllm: KV block size.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="vllm: auto, float32, bfloat16 or float16.")] = None,
+    dtype: DtypeOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    gpu_memory_utilization: GpuMemOpt = None,
+    tensor_parallel_size: TensorParallelOpt = None,
+    load_format: LoadFormatOpt = None,
     engine_cpus: Annotated[
         str | None, typer.Option(help="vllm: the cores the engine's processes run on, e.g. 0 or 2-5,8 (default: any).")
     ] = None,
@@ -222,6 +256,7 @@ def worker_start(
         ("--block-size", block_size),
         ("--dtype", dtype),
         ("--engine-cpus", engine_cpus),
+        *_vllm_flags(max_num_seqs, gpu_memory_utilization, tensor_parallel_size, load_format),
     ):
         _opt(args, flag, v)
     if kv_both:
@@ -245,9 +280,23 @@ def up(
         typer.Option(
             help="Colocated and hybrid modes: schedule the colocated instances as vllm-v0 (prefill-first, padded "
             "prompt batches) or "
-            "vllm-v1 (chunked prefill mixed into decode batches); default prefill-first (docs/scheduling.md)."
+            "vllm-v1 (chunked prefill mixed into decode batches); default: the --policies set's (vllm-v1 for "
+            "vllm-v1, prefill-first for tetriinfer; docs/scheduling.md)."
         ),
     ] = None,
+    policies: PresetOpt = DEFAULT_PRESET,
+    advice: AdviceOpt = None,
+    engine: EngineOpt = "sim",
+    model: ModelOpt = None,
+    served_model_name: ServedNameOpt = None,
+    kv_connector: KvConnectorOpt = None,
+    chunk_size: ChunkSizeOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    dtype: DtypeOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    gpu_memory_utilization: GpuMemOpt = None,
+    tensor_parallel_size: TensorParallelOpt = None,
+    load_format: LoadFormatOpt = None,
     profile: Annotated[str, typer.Option(help="Sim engine profile.")] = "opt-13b-v100",
     time_scale: Annotated[
         float, typer.Option(help="Sim: model seconds per wall second (the workers' and the daemon's clock).")
@@ -269,10 +318,33 @@ def up(
     log_format: LogFormatOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Bring up the embedded cluster: the daemon plus sim workers (one that exits is restarted). Ctrl-C or
-    SIGTERM stops everything, the daemon first: it drains its in-flight requests."""
+    """Bring up a cluster on this host: the daemon plus sim workers, or vLLM workers over a local model
+    (--engine vllm --model DIR); a worker that exits is restarted. Ctrl-C, SIGTERM or tetrictl down stops
+    everything, the daemon first: it drains its in-flight requests."""
     if mode not in ("disaggregated", "colocated", "hybrid"):
         fail(f"--mode must be disaggregated, colocated or hybrid, not {mode!r}")
+    if engine not in ("sim", "vllm"):
+        fail(f"--engine must be sim or vllm, not {engine!r}")
+    vllm_only: dict[str, object] = {
+        "--model": model,
+        "--kv-connector": kv_connector,
+        "--chunk-size": chunk_size,
+        "--max-model-len": max_model_len,
+        "--dtype": dtype,
+        "--max-num-seqs": max_num_seqs,
+        "--gpu-memory-utilization": gpu_memory_utilization,
+        "--tensor-parallel-size": tensor_parallel_size,
+        "--load-format": load_format,
+    }
+    if engine == "sim":
+        given = [flag for flag, v in vllm_only.items() if v is not None]
+        if given:
+            fail(f"{given[0]} applies to --engine vllm")
+    elif model is None:
+        fail("--engine vllm needs --model DIR (a local Hugging Face model directory)")
+    elif time_scale != 1.0:
+        fail("--time-scale applies to the sim engine; vLLM runs in real time")
+    preset = preset_policies(policies or DEFAULT_PRESET, advice)
     baseline = baseline.strip().lower() if baseline is not None else None
     if baseline is not None and baseline not in BASELINES:
         fail(f"--baseline must be one of {', '.join(BASELINES)}, not {baseline!r}")
@@ -303,6 +375,17 @@ def up(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     roles = [role for role, n in counts.items() for _ in range(n)]
+    wargs = ["--engine", engine]
+    for flag, value in (*vllm_only.items(), ("--served-model-name", served_model_name)):
+        _opt(wargs, flag, value)
+    start_policies = {k: v for k, v in preset.to_dict().items() if v != DEFAULTS[k]}
+    if baseline:
+        start_policies["colocated_schedule"] = baseline
+    if mode == "hybrid" and preset.pd_route == "role":
+        start_policies["pd_route"] = "length"
+    pidfile = state_dir / UP_PIDFILE
+    if _running_up(pidfile):
+        fail(f"a cluster from {state_dir} is up already (pid in {pidfile}); tetrictl down stops it", exitcodes.REFUSED)
     try:
         cluster = start_local_cluster(
             roles,
@@ -313,25 +396,36 @@ def up(
             port=port,
             grpc_port=grpc_port,
             config=config,
-            policies=({"colocated_schedule": baseline} if baseline else {})
-            | ({"pd_route": "length"} if mode == "hybrid" else {})
-            or None,
+            policies=start_policies or None,
             log_args=log_args,
             fronts=fronts,
             stream_interval=stream_interval,
+            worker_args=wargs,
+            worker_timeout=VLLM_START_S if engine == "vllm" else 60.0,
         )
     except StartError as e:
         fail(str(e), exitcodes.REFUSED)
-    doc = {"url": cluster.url, "grpc": cluster.grpc, "mode": mode, "baseline": baseline, "workers": cluster.workers}
+    state_dir.mkdir(parents=True, exist_ok=True)
+    pidfile.write_text(f"{os.getpid()}\n")
+    doc = {
+        "url": cluster.url,
+        "grpc": cluster.grpc,
+        "mode": mode,
+        "baseline": baseline,
+        "policies": policies,
+        "engine": engine,
+        "workers": cluster.workers,
+    }
     if fronts:
         doc |= {"controller": cluster.ready["controller"], "fronts": cluster.ready["fronts"]}
     if json_out:
         print_json(doc)
     else:
         out.print(
-            f"Tetri is up at [bold]{cluster.url}[/] ({mode}{' as ' + baseline if baseline else ''}; "
+            f"Tetri is up at [bold]{cluster.url}[/] ({mode}{' as ' + baseline if baseline else ''}, "
+            f"policies {policies}; "
             + ", ".join(f"{w['role']} {w['instance_id']}" for w in cluster.workers)
-            + "). Ctrl-C stops it."
+            + "). Ctrl-C or tetrictl down stops it."
         )
     sys.stdout.flush()
     code = 0
@@ -360,9 +454,50 @@ def up(
     if not json_out:
         out.print("stopping: the daemon drains in-flight requests first, then the workers stop")
     cluster.stop()
+    pidfile.unlink(missing_ok=True)
     if not json_out:
         out.print("stopped")
     raise typer.Exit(code)
+
+
+UP_PIDFILE = "up.pid"  # in the state directory: the running `tetrictl up`'s pid, for `tetrictl down`
+VLLM_START_S = 900.0  # a vLLM worker may take this long to load its model and report ready
+DEFAULTS = PolicySet().to_dict()
+
+
+def _running_up(pidfile: Path) -> int | None:
+    """The pid in `pidfile` when that process is alive (a stale file from a killed `up` names none)."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def down(
+    state_dir: Annotated[
+        Path, typer.Option(help="The state directory the cluster was started with (tetrictl up --state-dir).")
+    ] = Path("state"),
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for it to stop (its drain included).")] = 60.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as one JSON document.")] = False,
+) -> None:
+    """Stop the cluster that tetrictl up runs from this state directory, from any terminal: SIGTERM to it, so
+    the daemon drains its in-flight requests, then the workers stop; waits until it has exited."""
+    pidfile = state_dir / UP_PIDFILE
+    pid = _running_up(pidfile)
+    if pid is None:
+        fail(f"no cluster is up from {state_dir} (no live pid in {pidfile})", exitcodes.REFUSED)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _running_up(pidfile) == pid:
+        if time.monotonic() > deadline:
+            fail(f"tetrictl up (pid {pid}) did not stop within {timeout:.0f} s", exitcodes.REFUSED)
+        time.sleep(0.1)
+    if json_out:
+        print_json({"stopped": pid, "state_dir": str(state_dir)})
+    else:
+        out.print(f"stopped tetrictl up (pid {pid})")
 
 
 MAX_RESTARTS = 5  # worker restarts allowed within RESTART_WINDOW_S before `up` gives up

@@ -14,6 +14,7 @@ app = typer.Typer(help="The configuration file.", no_args_is_help=True, rich_mar
 CTL_FIELDS = [
     ("url", DEFAULT_URL, "tetrictl: the daemon's URL (flag --url, env TETRI_URL)."),
     ("token", None, "tetrictl: the admin bearer token (flag --token, env TETRI_TOKEN)."),
+    ("ca_file", None, "tetrictl: an https daemon's CA bundle, PEM (flag tetrictl --ca-file, env TETRI_CA_FILE)."),
 ]
 
 

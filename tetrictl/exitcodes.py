@@ -1,4 +1,4 @@
-"""tetrictl's exit codes. Stable: scripts depend on them (documented in README and docs/cli.md)."""
+"""tetrictl's exit codes. Stable: scripts depend on them (documented in docs/console.md)."""
 
 OK = 0  # success
 REFUSED = 1  # the daemon refused the action or it failed

@@ -1,4 +1,4 @@
-"""`tetrictl flip`, `tetrictl flips`, `tetrictl flip-policy show|set`: instance flips over the admin API."""
+"""`tetrictl flip`, `tetrictl flips [ls]`, `tetrictl flip-policy show|set`: instance flips over the admin API."""
 
 import asyncio
 import time
@@ -88,6 +88,27 @@ def flip(
     call(target(url, token, config), body, render, json_out)
 
 
+flips_app = typer.Typer(
+    help="The flips table: every flip, who asked, when it drained and finished (tetrictl flips ls; bare "
+    "tetrictl flips lists too).",
+    rich_markup_mode=None,
+)
+
+
+@flips_app.callback(invoke_without_command=True)
+def flips_root(
+    ctx: typer.Context,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: CtlConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The flips table (as flips ls)."""
+    if ctx.invoked_subcommand is None:
+        flips(url, token, config, json_out)
+
+
+@flips_app.command("ls")
 def flips(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
     """The flips table: every flip, who asked, when it drained and finished."""
 

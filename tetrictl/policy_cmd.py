@@ -1,6 +1,8 @@
 """`tetrictl policy show|set|history`: the runtime scheduling policies (hot-swap) over the admin API."""
 
+import json
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -8,7 +10,9 @@ import typer
 from tetri.scheduling.colocated import COLOCATED_SCHEDULES
 from tetri.scheduling.dispatch import DISPATCH_POLICIES
 from tetri.scheduling.names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS, TTFT_MISSES
+from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import PREFILL_POLICIES
+from tetri.scheduling.presets import PRESET_NAMES, PRESETS, PresetError, advised_policies
 from tetri.scheduling.routing import PD_ROUTES
 
 from .client import TetriClient
@@ -37,8 +41,44 @@ def show(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None
     call(target(url, token, config), body, render, json_out)
 
 
+PresetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--policies",
+        help=f"Start from a named policy set: {_choices(PRESET_NAMES)} (vllm-v1: vLLM's own schedule, FCFS, no "
+        "predictor, no flips; tetriinfer: the paper's ChunkSize, SJF prefill, learned length predictor, "
+        "power-of-two dispatch, reserve-dynamic admission, idle flips; advised: the policies of --advice FILE).",
+    ),
+]
+AdviceOpt = Annotated[
+    Path | None, typer.Option("--advice", help="--policies advised: the JSON that tetrictl advise --json wrote.")
+]
+
+
+def preset_policies(name: str, advice: Path | None) -> PolicySet:
+    """The policy set `--policies NAME` names (exit 2 with one line on a bad name or advice file)."""
+    if advice is not None and name != "advised":
+        fail("--advice goes with --policies advised")
+    if name == "advised":
+        if advice is None:
+            fail("--policies advised needs --advice FILE (the JSON that tetrictl advise --json wrote)")
+        try:
+            return advised_policies(json.loads(advice.read_text()))
+        except OSError as e:
+            fail(f"--advice: cannot read {advice}: {e.strerror}")
+        except json.JSONDecodeError as e:
+            fail(f"--advice: {advice} is not JSON (line {e.lineno}: {e.msg})")
+        except PresetError as e:
+            fail(f"--advice: {e}")
+    if name not in PRESETS:
+        fail(f"--policies must be one of {_choices(PRESET_NAMES)}, not {name!r}")
+    return PRESETS[name]
+
+
 @app.command("set")
 def set_(
+    policies: PresetOpt = None,
+    advice: AdviceOpt = None,
     prefill: Annotated[
         str | None, typer.Option("--prefill", help=f"Prefill order: {_choices(PREFILL_POLICIES)}.")
     ] = None,
@@ -134,7 +174,8 @@ def set_(
     json_out: JsonOpt = False,
 ) -> None:
     """Change policies; the daemon validates them together (a bad value: exit 2 naming the field),
-    applies them without restart and records each change in the audit table."""
+    applies them without restart and records each change in the audit table. --policies NAME sets every
+    field to that named set first; the other flags change fields of it."""
     given = {
         "prefill_policy": prefill,
         "prefill_sched_batch": sched_batch,
@@ -156,12 +197,15 @@ def set_(
         "pd_output_tokens": pd_output_tokens,
         "pd_backlog_slack": pd_backlog_slack,
     }
-    changes = {k: v for k, v in given.items() if v is not None}
+    if advice is not None and policies is None:
+        fail("--advice goes with --policies advised")
+    base = preset_policies(policies, advice).to_dict() if policies is not None else {}
+    changes = base | {k: v for k, v in given.items() if v is not None}
     if not changes:
         fail(
-            "nothing to set: give at least one of --prefill --sched-batch --chunk --predictor --dispatch --decode"
-            " --reserve-point --colocated-schedule --queue-order --aging --ttft-target --ttft-miss --token-budget"
-            " --pd-route …"
+            "nothing to set: give --policies NAME or at least one of --prefill --sched-batch --chunk --predictor"
+            " --dispatch --decode --reserve-point --colocated-schedule --queue-order --aging --ttft-target"
+            " --ttft-miss --token-budget --pd-route …"
         )
 
     async def body(c: TetriClient) -> dict[str, Any]:

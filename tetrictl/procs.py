@@ -28,12 +28,13 @@ class LocalCluster:
     worker_args: list[list[str]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # the cluster token, passed to every child
     ready: dict[str, Any] = field(default_factory=dict)  # the daemon's ready report
+    worker_timeout: float = 60.0  # seconds a worker may take to report ready (a vLLM engine: minutes)
 
     def start_worker(self, args: list[str]) -> dict[str, Any]:
         proc = spawn("workers.main", args, self.env)
         self.procs.append(proc)
         self.worker_args.append(args)
-        info = wait_ready(proc, "worker")
+        info = wait_ready(proc, "worker", self.worker_timeout)
         self.workers.append(info)
         return info
 
@@ -44,7 +45,7 @@ class LocalCluster:
             old.stdout.close()
         proc = spawn("workers.main", self.worker_args[i - 1], self.env)
         self.procs[i] = proc
-        info = wait_ready(proc, "worker")
+        info = wait_ready(proc, "worker", self.worker_timeout)
         self.workers[i - 1] = info
         return info
 
@@ -69,13 +70,16 @@ def start_local_cluster(
     log_args: list[str] | None = None,
     fronts: int = 0,
     stream_interval: int | None = None,
+    worker_args: list[str] | None = None,
+    worker_timeout: float = 60.0,
 ) -> LocalCluster:
     """Start the daemon, then one worker per role, each waited for; on failure nothing is left running.
     Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md). `policies`: the
     runtime policies the cluster starts with (the daemon's `--policy FIELD=VALUE`). `log_args`: `--log-level`,
     `--log-file`, `--log-format` flags for every process (they may share one file). `fronts`: N > 0 runs the
     daemon as a controller and N fronts (`daemon.main --fronts N`; its ready report lists them).
-    `stream_interval`: an SSE event per N tokens (the daemon's `--stream-interval`)."""
+    `stream_interval`: an SSE event per N tokens (the daemon's `--stream-interval`). `worker_args`: more
+    flags for every worker (`--engine vllm --model DIR …`), which may take `worker_timeout` seconds to start."""
     dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
     dargs += ["--time-scale", str(time_scale), "--profile", profile]  # the advise flip policy's model
     for name, value in (policies or {}).items():
@@ -94,12 +98,12 @@ def start_local_cluster(
     procs = [spawn("daemon.main", dargs, env)]
     try:
         ready = wait_ready(procs[0], "daemon")
-        cluster = LocalCluster(ready["url"], ready["grpc"], procs, env=env, ready=ready)
+        cluster = LocalCluster(ready["url"], ready["grpc"], procs, env=env, ready=ready, worker_timeout=worker_timeout)
         for role in roles:
             wargs = ["--role", role, "--daemon", ready["grpc"], "--profile", profile, "--time-scale", str(time_scale)]
             if config is not None:
                 wargs += ["--config", str(config)]
-            wargs += log_args or []
+            wargs += (log_args or []) + (worker_args or [])
             cluster.start_worker(wargs)
         for front in ready.get("fronts", []):  # each has the workers in its view of the controller's
             _wait_ready_http(front["url"], f"front {front['name']}")

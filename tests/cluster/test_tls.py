@@ -96,5 +96,18 @@ def test_a_cluster_over_tls(tmp_path: Path):
         )
         assert missing.returncode == 2 and missing.stderr.startswith("error: cannot load the CAs to trust from")
         assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+        # or the CA file `tetrictl --ca-file` (TETRI_CA_FILE, [ctl] ca_file) names
+        by_flag = subprocess.run(
+            [*ctl[:3], "--ca-file", str(cert), *ctl[3:]], capture_output=True, text=True, timeout=60
+        )
+        assert by_flag.returncode == 0 and json.loads(by_flag.stdout)["inflight"] == 0, by_flag.stderr
+        conf = tmp_path / "ctl.toml"
+        conf.write_text(f'[ctl]\nca_file = "{cert}"\n')
+        by_conf = subprocess.run([*ctl, "--config", str(conf)], capture_output=True, text=True, timeout=60)
+        assert by_conf.returncode == 0, by_conf.stderr
+        for bad in (tmp_path / "no.pem", conf):  # missing, and not PEM
+            wrong = subprocess.run([*ctl[:3], "--ca-file", str(bad), *ctl[3:]], capture_output=True, text=True)
+            assert wrong.returncode == 2 and wrong.stderr.startswith(f"error: --ca-file: cannot load {bad}: ")
+            assert len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
     finally:
         c.stop()

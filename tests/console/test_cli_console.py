@@ -253,7 +253,8 @@ def test_flip_wait_and_refusals(cluster: LiveCluster):
     assert ok_json(cluster, "instances", "show", decode)["role"] == "prefill"
     shown = ctl(cluster, "instances", "ls").stdout  # the id names no role; the role column says what it is now
     assert decode.startswith("worker-") and re.search(rf"{decode}\s*│\s*prefill", shown), shown
-    assert any(f["id"] == row["id"] for f in ok_json(cluster, "flips")["flips"])
+    assert any(f["id"] == row["id"] for f in ok_json(cluster, "flips", "ls")["flips"])
+    assert ok_json(cluster, "flips") == ok_json(cluster, "flips", "ls")  # bare `flips` lists too
     assert "flips" in ctl(cluster, "flips").stdout
     last_decode = active_decodes(cluster)[0]
     fails(ctl(cluster, "flip", last_decode), exitcodes.REFUSED, "last active decode instance")
@@ -346,6 +347,7 @@ def test_plan_replay_follows_the_plan_and_restores_the_instance(cluster: LiveClu
         ("policy", "show"),
         ("flip", "decode-1"),
         ("flips",),
+        ("flips", "ls"),
         ("flip-policy", "show"),
     ],
 )

@@ -32,6 +32,7 @@ from tetri.costmodel import CostModel, default_chunk_size, load_profile
 from tetri.scheduling.admission import RESERVE_POINTS
 from tetri.scheduling.colocated import BASELINES
 from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.presets import TETRIINFER
 
 from .cluster import ClusterConfig, simulate
 from .metrics import HEADLINE, relative_change, summarize
@@ -52,16 +53,9 @@ Progress = Callable[[int, int], None]
 
 TETRI = "TetriInfer"
 PAPER_ACCURACY = 0.749  # refs: the OPT-125M predictor's accuracy over 200-token buckets
-TETRI_POLICY = PolicySet(
-    prefill_policy="sjf",
-    prefill_sched_batch=16,  # refs: PrefillSchedBatch 16
-    chunk_size=512,  # refs: ChunkSize 512 for OPT-13B; `tetri_config` sets the setup's (the profile's by default)
-    predictor="oracle",
-    predictor_accuracy=PAPER_ACCURACY,
-    predictor_granularity=200,  # refs: 200-token buckets
-    dispatch="pot",
-    decode_admission="reserve-dynamic",
-)
+# the `tetriinfer` preset with the paper's predictor accuracy (an oracle at 74.9%) and no flips (the bench
+# compares fixed splits); `tetri_config` sets the setup's ChunkSize (the profile's by default)
+TETRI_POLICY = TETRIINFER.changed(predictor="oracle", predictor_accuracy=PAPER_ACCURACY, flip_policy="off")
 # colocated instances use only the baseline's schedule and vLLM's (greedy) admission
 BASELINE_POLICIES = {b: PolicySet(colocated_schedule=b) for b in BASELINES}
 

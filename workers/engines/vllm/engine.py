@@ -87,6 +87,8 @@ class VllmOptions:
     block_size: int | None = None
     max_num_seqs: int = 64
     gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    load_format: str = "auto"  # auto | dummy (random weights, as vLLM's --load-format dummy)
     enforce_eager: bool = True
     dtype: str = "auto"  # weights and KV: auto (the model's), float32, bfloat16, float16
     scheduling_policy: str = "fcfs"  # vLLM's: fcfs | priority (colocated: queue_order srpt applies)
@@ -195,6 +197,8 @@ class VllmEngine(Engine):
             "enable_prefix_caching": False,  # so num_cached_tokens counts only KV the connector loaded
             "max_num_seqs": o.max_num_seqs,
             "gpu_memory_utilization": o.gpu_memory_utilization,
+            "tensor_parallel_size": o.tensor_parallel_size,
+            "load_format": o.load_format,
             "disable_log_stats": False,
             "dtype": o.dtype,
             "scheduling_policy": o.scheduling_policy,
