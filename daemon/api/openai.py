@@ -212,11 +212,13 @@ async def _admit(
         message = f"prompt has {len(ids)} tokens; this model's context is {max_len}"
         return reject(400, message, "BadRequestError", "prompt", "context_length_exceeded")
     want = max_tokens if max_tokens is not None else max_len - len(ids)
+    # the field the client set (chat: max_completion_tokens wins over max_tokens, as OpenAI's)
+    field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
     if want <= 0:
-        return reject(400, f"max_tokens must be at least 1, got {want}", "BadRequestError", "max_tokens")
+        return reject(400, f"{field} must be at least 1, got {want}", "BadRequestError", field)
     if len(ids) + want > max_len:
-        message = f"max_tokens {want} + prompt {len(ids)} tokens exceeds the context of {max_len}"
-        return reject(400, message, "BadRequestError", "max_tokens", "context_length_exceeded")
+        message = f"{field} {want} + prompt {len(ids)} tokens exceeds the context of {max_len}"
+        return reject(400, message, "BadRequestError", field, "context_length_exceeded")
     sla = body.tetri
     pin = sla.decode_instance if sla else None
     if pin is not None:

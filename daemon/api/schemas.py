@@ -26,7 +26,7 @@ class StreamOptions(BaseModel):
 
 
 INT32_MAX = 2**31 - 1
-TokenId = Annotated[int, Field(strict=True)]
+TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]  # the wire carries int32 ids
 
 
 StopStrings = str | Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=16)]

@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .harness import LiveCluster, all_rows, start_cluster
 
@@ -176,3 +178,64 @@ def test_bad_requests_interleaved_with_good_ones_lose_no_row(c: LiveCluster):
         assert time.monotonic() < deadline, [i for i in ids if got.get(i, {}).get("status") != "finished"]
         time.sleep(0.05)
     assert not [r for r in got.values() if r["status"] == "running"]
+
+
+# every integer field of both APIs that reaches a worker (or is refused on its way): (endpoint, path)
+CHAT_OK = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+INT_FIELDS = [
+    ("/v1/completions", ("max_tokens",)),
+    ("/v1/completions", ("top_k",)),
+    ("/v1/completions", ("seed",)),
+    ("/v1/completions", ("stop_token_ids", 0)),
+    ("/v1/completions", ("prompt", 1)),
+    ("/v1/completions", ("n",)),
+    ("/v1/completions", ("best_of",)),
+    ("/v1/completions", ("logprobs",)),
+    ("/v1/chat/completions", ("max_tokens",)),
+    ("/v1/chat/completions", ("max_completion_tokens",)),
+    ("/v1/chat/completions", ("top_k",)),
+    ("/v1/chat/completions", ("seed",)),
+    ("/v1/chat/completions", ("stop_token_ids", 0)),
+    ("/v1/chat/completions", ("n",)),
+    ("/v1/chat/completions", ("top_logprobs",)),
+]
+EDGES = [0, 1, -1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**32, 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**30]
+
+
+def with_int(endpoint: str, path: tuple[str | int, ...], value: int, stream: bool) -> dict[str, Any]:
+    body = json.loads(json.dumps(OK if endpoint == "/v1/completions" else CHAT_OK)) | {"stream": stream}
+    if path[0] == "stop_token_ids":
+        body["stop_token_ids"] = [value]
+    elif path[0] == "prompt":
+        body["prompt"] = [5, value, 7]
+    else:
+        body[str(path[0])] = value
+    return body
+
+
+def read_stream(r: httpx.Response) -> list[str]:
+    return [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    field=st.sampled_from(INT_FIELDS),
+    value=st.one_of(st.sampled_from(EDGES), st.integers(-(2**70), 2**70), st.integers(-3, 40)),
+    stream=st.booleans(),
+)
+def test_every_integer_field_is_served_or_a_400_naming_it_never_a_5xx_or_a_cut_stream(
+    c: LiveCluster, field: tuple[str, tuple[str | int, ...]], value: int, stream: bool
+):
+    endpoint, path = field
+    r = httpx.post(c.url + endpoint, json=with_int(endpoint, path, value, stream), timeout=30)
+    assert r.status_code in (200, 400), (r.status_code, r.text)
+    if r.status_code == 400:
+        err = r.json()["error"]
+        assert err["type"] == "BadRequestError" and err["param"] == path[0], err
+        return
+    if stream:  # every token, then the finish reason, then [DONE]: never cut, never an error event
+        events = read_stream(r)
+        assert events[-1] == "[DONE]" and all("error" not in json.loads(e) for e in events[:-1]), r.text
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] in ("length", "stop"), r.text
+    else:
+        assert r.json()["choices"][0]["finish_reason"] in ("length", "stop"), r.text
