@@ -35,6 +35,7 @@ from .db.store import ensure_sqlite_parent_dir
 from .fronts import front_incarnation
 from .gateway import Gateway
 from .grpc_edge import PortInUse, Tls, bind_control_plane
+from .http_timeouts import timed_protocol
 from .supervisor import Supervisor
 
 log = logging.getLogger("tetri.daemon")
@@ -177,6 +178,7 @@ async def serve(settings: DaemonSettings, mode: str = "disaggregated", role: Rol
         log_config=None,  # uvicorn's loggers go where ours go (--log-file, --log-format)
         lifespan="on",
         access_log=False,
+        http=timed_protocol(settings.http_header_timeout_s, settings.http_body_timeout_s),
         timeout_graceful_shutdown=2,
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,

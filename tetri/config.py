@@ -72,6 +72,18 @@ class DaemonSettings(BaseSettings):
     max_request_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="Largest HTTP request body accepted; larger ones get 413."
     )
+    http_header_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A connection's request headers must arrive whole within this (nginx's "
+        "client_header_timeout); else 408 and the connection closes.",
+    )
+    http_body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Between two reads of a request body at most this passes (nginx's client_body_timeout); "
+        "else 408 and the connection closes.",
+    )
     drain_grace_s: float = Field(
         30.0, ge=0, description="SIGTERM: how long in-flight requests may run on before they are interrupted."
     )

@@ -159,7 +159,10 @@ async def _admit(
 ) -> _Job | JSONResponse:
     """Validate, tokenize and start one request, or the error answer (recorded as rejected)."""
     gw = _gateway(request)
-    if gw.draining:
+    if gw.draining:  # recorded too: the status-table writer flushes before the daemon exits
+        gw.record_rejected(
+            new_request_id(id_prefix), "the daemon is shutting down (draining)", 0, max_tokens or 0, body.model
+        )
         return JSONResponse(
             error_body("the daemon is shutting down; retry on another", "ServiceUnavailableError", None, "draining"),
             status_code=503,

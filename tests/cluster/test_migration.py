@@ -200,6 +200,8 @@ def test_daemon_sigterm_drains_under_load(tmp_path: Path):
             assert r["status"] == "interrupted" and r["error"] == "daemon shutdown"
             assert r["output_tokens"] == len(s.tokens)
         assert all(rows[s.id]["status"] == "finished" for s in short)
+        turned_away = [r for r in rows.values() if r["status"] == "rejected"]  # the 503 is recorded
+        assert [r["error"] for r in turned_away] == ["the daemon is shutting down (draining)"]
         assert not [r for r in rows.values() if r["status"] == "running"]
         log.close()
         assert "Traceback" not in (tmp_path / "daemon.log").read_text()  # a drain, not a crash
