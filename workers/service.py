@@ -341,7 +341,8 @@ class WorkerService(rpc.WorkerServicer):
                     yield chunk
             finally:
                 self.generating.pop(req.request_id, None)
-                if not pump.done():
+                if not pump.done():  # the caller left (a client, or a daemon that moved the request)
+                    log.info("request %s: its caller left; aborted", req.request_id)
                     pump.cancel()
                     await self.engine.abort(req.request_id)
             return
@@ -535,7 +536,8 @@ class WorkerService(rpc.WorkerServicer):
                 yield chunk
         finally:
             self.jobs.pop(rid, None)
-            if not finished and job.task is not None and not job.task.done():
+            if not finished and job.task is not None and not job.task.done():  # the caller left
+                log.info("request %s: its caller left; aborted", rid)
                 job.task.cancel()
                 await self.engine.abort(rid)
 

@@ -21,7 +21,7 @@ from tetri.costmodel import load_profile
 from tetrictl.procs import spawn, stop_all, wait_ready
 from workers.engines.sim import sim_token
 
-from .harness import LiveCluster, all_rows, start_cluster
+from .harness import LiveCluster, all_rows, start_cluster, wait_for
 
 pytestmark = pytest.mark.slow
 MODEL = "tetri-sim"
@@ -300,7 +300,12 @@ def test_ready_after_restart_readyz(tmp_path: Path):
 def test_frozen_decode_worker_is_migrated_around(tmp_path: Path):
     """A decode worker that stops answering without closing anything (SIGSTOP: the process is frozen, its
     sockets open) is noticed by gRPC keepalive; its streams migrate and complete exactly."""
-    c = start_cluster(tmp_path, ["prefill", "decode", "decode"], time_scale=1.0)
+    c = start_cluster(tmp_path, ["prefill"], time_scale=1.0)
+    logs = {}
+    for k in range(2):  # each decode worker logs what it aborts
+        log = tmp_path / f"decode-{k}.log"
+        _, info = c.add_worker("decode", time_scale=1.0, extra=["--log-level", "info", "--log-file", str(log)])
+        logs[info["instance_id"]] = log
     try:
         streams = [Stream(p, 500) for p in prompts(6, 12)]
 
@@ -308,7 +313,19 @@ def test_frozen_decode_worker_is_migrated_around(tmp_path: Path):
             return sum(len(s.tokens) >= 3 for s in streams) >= 3 and await serving(h, victim) >= 1
 
         victim = asyncio.run(stop_when(c, "decode", decoding, streams, signal.SIGSTOP))
-        check_complete(c, streams, victim)
+        rows = check_complete(c, streams, victim)
+        # it comes back after its requests moved: it drops them (no decoding for nobody, its KV freed) and
+        # reports in again, empty
+        c.workers[victim].send_signal(signal.SIGCONT)
+        moved = [s.id for s in streams if rows[s.id]["migrations"]]
+        wait_for(lambda: all(f"request {i}: its caller left; aborted" in logs[victim].read_text() for i in moved))
+        with httpx.Client(base_url=c.url, timeout=10) as h:
+
+            def back_and_empty() -> bool:
+                i = h.get(f"/api/v1/instances/{victim}").json()
+                return i["state"] == "active" and i["running"] == 0 and i["kv_used_tokens"] == 0
+
+            wait_for(back_and_empty, timeout=30)
     finally:
         for w in c.workers.values():
             w.send_signal(signal.SIGCONT)
