@@ -109,6 +109,7 @@ class ServeStream:
             raise
         finally:
             self.broken = broken
+            self._up.put_nowait(None)  # nothing more to write: gRPC's task writing the stream ends too
             for receiver in list(calls.values()):
                 receiver.answer(broken)
 
@@ -136,6 +137,13 @@ class ServeStream:
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
 
+    def discard(self) -> None:
+        """Let a broken stream go (its reader has ended): end its request iterator and its call, so that
+        gRPC's task writing it ends too (dropped pending, it was garbage-collected mid-await: "Task was
+        destroyed but it is pending" and "aclose(): asynchronous generator is already running")."""
+        self._up.put_nowait(None)
+        self._call.cancel()
+
 
 class ServeStreams:
     """A caller's Serve streams, one per worker address (a broken one is replaced by the next call)."""
@@ -150,6 +158,8 @@ class ServeStreams:
     def to(self, address: str) -> ServeStream:
         s = self._streams.get(address)
         if s is None or s.broken is not None:
+            if s is not None:
+                s.discard()
             s = self._streams[address] = ServeStream(self._peers, address)
         return s
 
