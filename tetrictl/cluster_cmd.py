@@ -52,7 +52,7 @@ ServedNameOpt = Annotated[
     typer.Option(help="The model name clients send (default: the model directory's name; sim: tetri-sim)."),
 ]
 KvConnectorOpt = Annotated[
-    str | None, typer.Option(help="vllm: HostKVConnector (default), NixlConnector or P2pNcclConnector.")
+    str | None, typer.Option(help="vllm: HostKVConnector (default, one host) or NixlConnector (GPUs).")
 ]
 MaxModelLenOpt = Annotated[int | None, typer.Option(help="vllm: context length.")]
 DtypeOpt = Annotated[str | None, typer.Option(help="vllm: auto, float32, bfloat16 or float16.")]

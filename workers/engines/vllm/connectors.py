@@ -8,8 +8,7 @@
 * ``NixlConnector`` — GPU clusters: the decode side pulls the KV over NIXL (UCX/RDMA) from the prefill
   side; the producer's output carries ``kv_transfer_params`` (remote engine, blocks, host, port) that
   the consumer's request must carry back.
-* ``P2pNcclConnector`` — GPUs where NIXL is absent: NCCL point-to-point between the two engines;
-  the same parameter hand-over.
+(vLLM 0.32 removed its NCCL point-to-point connector, ``P2pNcclConnector``: NIXL is the GPU path.)
 
 `kv_role` per worker role: prefill → ``kv_producer``, decode → ``kv_consumer``, colocated → no connector;
 ``kv_both`` (a worker that may flip without restarting its engine) → ``kv_both`` in either role.
@@ -22,7 +21,7 @@ import os
 from typing import Any
 
 HOST_KV = "HostKVConnector"
-CONNECTORS = (HOST_KV, "NixlConnector", "P2pNcclConnector")
+CONNECTORS = (HOST_KV, "NixlConnector")
 PARAMS_KEY = "kv_transfer_params"  # KVHandle.params key: the producer's transfer parameters, JSON
 KEY = "kv_key"  # KVHandle.params key (HostKVConnector): the hand-over's folder
 STORE = "tetri_store"  # kv_transfer_params key on a prefill request (HostKV): the hand-over to write
