@@ -328,6 +328,29 @@ def test_answers_are_vllms_own_token_for_token(vc):
     assert sum(1 for a in got.values() if a[0]) > len(got) * 3 // 4
 
 
+def test_seeded_sampling_answers_as_vllm_colocated_and_disaggregated(vc):
+    """temperature 1, top_p 0.9 and a seed: plain vLLM's token ids from Tetri colocated and disaggregated
+    (the decode engine starts the seed's generator one draw on, past the prefill engine's first token:
+    `workers.engines.vllm.seeded`; tests/vllm/test_seeded_migration.py migrates such a request)."""
+
+    def sampled(url: str, model: str, seed: int, **tetri: str) -> list[int]:
+        body = {"model": model, "prompt": PROMPTS[3], "max_tokens": 24, "temperature": 1.0, "top_p": 0.9,
+                "seed": seed, "ignore_eos": True, "return_token_ids": True, "tetri": tetri}  # fmt: skip
+        if not tetri:
+            del body["tetri"]
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    answers = set()
+    for seed in (3, 77):
+        want = sampled(vc["vllm"], VLLM, seed)  # a prompt of one chunk: vLLM 0.32's CPU build dies on more
+        assert sampled(vc["url"], COLOC, seed) == want, seed
+        assert sampled(vc["url"], DISAGG, seed, decode_instance="decode-b") == want, seed
+        answers.add(tuple(want))
+    assert len(answers) == 2  # each seed its own answer
+
+
 def test_a_hybrid_cluster_splits_the_long_prompts_and_answers_as_vllm(vc):
     """Last in the module (it changes the cluster): a colocated vLLM worker joins the prefill/decode
     workers' model, making it a hybrid; under `pd_route` length the short prompts run on it and the long

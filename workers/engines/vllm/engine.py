@@ -17,7 +17,10 @@
   aging does not apply; `ttft_target_s`, `ttft_miss` and `token_budget` are the sim engine's only.
 
 ChunkSize is vLLM's ``max_num_batched_tokens`` (chunked prefill on), fixed when the engine starts.
-Sampling is the request's (`EngineRequest.sampling`: greedy unless the daemon says otherwise). With
+Sampling is the request's (`EngineRequest.sampling`: greedy unless the daemon says otherwise); a seeded
+request continued here (migrated, or a decode engine's after the prefill engine's first token) has its
+generator started as far on as the tokens sampled before, so it samples what one undisturbed run would
+(`seeded`). With
 ``kv_both`` the connector both produces and consumes, so a flip changes the role without restarting vLLM
 (`set_role`). A prefill or decode engine's idle processes do not busy-wait (`plugin`, `idle_spin_s`).
 """
@@ -43,7 +46,7 @@ from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import FixedBatchPrefill, PrefillItem
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
 
-from . import connectors, plugin
+from . import connectors, plugin, seeded
 
 ROLES = ("prefill", "decode", "colocated")
 TOKENS_PER_S_WINDOW_S = 2.0
@@ -290,7 +293,7 @@ class VllmEngine(Engine):
             if self._llm is None:
                 raise EngineError(f"engine {self.instance_id} stopped")
             key = uuid.uuid4().hex  # this hand-over's own (HostKV: its file's name)
-            sp = self._sampling(req, 1, connectors.prefill_params(self.options.connector, key))
+            sp = self._sampling(req, 1, connectors.prefill_params(self.options.connector, key), req.resumed_tokens)
             first, out = None, None
             self._active += 1
             try:
@@ -381,10 +384,9 @@ class VllmEngine(Engine):
             if req.max_tokens <= 1:
                 return
             prompt = [*req.prompt_token_ids, first_token]
-            sp = self._sampling(req, req.max_tokens - 1, None)
             params = connectors.decode_params(self._params.pop(req.request_id, {}))
-            if params:
-                sp.extra_args = {"kv_transfer_params": params}
+            # the prefill engine sampled output token `resumed_tokens` (the first token here)
+            sp = self._sampling(req, req.max_tokens - 1, params or None, req.resumed_tokens + 1)
             seen = 0
             self._active += 1
             try:
@@ -454,7 +456,7 @@ class VllmEngine(Engine):
         self._check_role("generate", "colocated")
         self._validate(req)
         seen = 0
-        sp = self._sampling(req, req.max_tokens, None)
+        sp = self._sampling(req, req.max_tokens, None, req.resumed_tokens)
         self._active += 1
         try:
             prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
@@ -521,9 +523,12 @@ class VllmEngine(Engine):
         )
 
     # --- helpers -----------------------------------------------------------------------------------------
-    def _sampling(self, req: EngineRequest, max_tokens: int, kv_params: dict[str, Any] | None) -> Any:
+    def _sampling(self, req: EngineRequest, max_tokens: int, kv_params: dict[str, Any] | None, drawn: int) -> Any:
         """vLLM's SamplingParams for the request (the daemon resolved the defaults and the EOS ids: vLLM has
-        no tokenizer here, so `stop_token_ids` carry the model's EOS unless `ignore_eos`)."""
+        no tokenizer here, so `stop_token_ids` carry the model's EOS unless `ignore_eos`). `drawn`: the
+        request's output tokens sampled before this engine's first (a migrated request's resumed tokens; a
+        decode engine's also the prefill engine's first token): a seeded request's generator starts that
+        many draws on (`seeded`), so it samples what one undisturbed run on one engine would."""
         from vllm import SamplingParams
 
         s = req.sampling
@@ -538,8 +543,13 @@ class VllmEngine(Engine):
             stop_token_ids=list(s.stop_token_ids),
             ignore_eos=s.ignore_eos,
         )
+        extra: dict[str, Any] = {}
         if kv_params:
-            sp.extra_args = {"kv_transfer_params": kv_params}
+            extra["kv_transfer_params"] = kv_params
+        if drawn > 0 and s.seed is not None and s.temperature > 0:
+            extra[seeded.DRAWS] = drawn
+        if extra:
+            sp.extra_args = extra
         return sp
 
     def _kv_bytes_per_token(self) -> int:

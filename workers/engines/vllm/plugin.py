@@ -1,6 +1,7 @@
 """A vLLM general plugin (entry point `vllm.general_plugins`, loaded by vLLM in its engine-core and
 model-worker processes) for the engines a Tetri worker starts (`ENGINE` set; inert anywhere else): the
-AMX permission vLLM's CPU attention needs, and how an idle vLLM process waits for its next message.
+AMX permission vLLM's CPU attention needs, how an idle vLLM process waits for its next message, and the
+sampler state a seeded request continued on another engine takes along (`seeded`).
 
 AMX. vLLM's CPU attention kernel for bfloat16 runs AMX tile instructions, which Linux allows a process
 only after it asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); vLLM never asks, oneDNN does when it first runs an
@@ -31,6 +32,8 @@ import os
 import time
 from typing import Any
 
+from . import seeded
+
 ENGINE = "TETRI_VLLM_ENGINE"  # set by a Tetri vLLM worker for its engine's processes
 ENV = "TETRI_VLLM_IDLE_SPIN_S"
 RECHECK_MS = 2
@@ -40,6 +43,7 @@ def register() -> None:
     if os.environ.get(ENGINE) != "1":
         return
     _allow_amx()
+    seeded.install()
     try:
         hot = float(os.environ[ENV])
     except (KeyError, ValueError):
