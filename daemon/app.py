@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tetri.clock import ClusterClock
@@ -34,7 +35,7 @@ from .api.schemas import error_body, errors
 from .cluster import Cluster, ClusterView, Instance
 from .controller_link import FrontLink
 from .db.store import Store, make_engine, migrate
-from .db.writer import BatchWriter
+from .db.writer import BatchWriter, describe, store_unavailable
 from .flips import Flipper
 from .fronts import FrontWatch
 from .gateway import Gateway, new_request_id
@@ -77,7 +78,7 @@ def create_app(
         # the rows of no front (a daemon's own) end now; fronts live on across a restart: their rows end
         # only when they do not come back (`fronts.sweep`)
         recovered = await asyncio.to_thread(store.recover_own, clock.now())
-        writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
+        writer = BatchWriter(store, settings.flush_interval_s, max_buffered=settings.store_buffer_rows)
         await writer.start()
         cluster = Cluster(
             settings.report_interval_s,
@@ -91,6 +92,7 @@ def create_app(
         predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
         gateway = _gateway(settings, cluster, writer, metrics, predictor, tls)
         metrics.watch_predictor(predictor)
+        metrics.watch_store(writer)
 
         def on_register(inst: Instance) -> None:
             _record_instance(store, inst, clock.now())
@@ -140,7 +142,7 @@ def create_app(
         view = link.first_view or await link.first(settings.front_connect_s)
         clock = ClusterClock(view.time_scale, origin=view.clock_now)
         store = Store(make_engine(settings.database_url()))
-        writer = BatchWriter(store, flush_interval_s=settings.flush_interval_s)
+        writer = BatchWriter(store, settings.flush_interval_s, max_buffered=settings.store_buffer_rows)
         await writer.start()
         cluster = Cluster(settings.report_interval_s, settings.unhealthy_after, None, clock=clock)
         served = ServedModels()
@@ -158,6 +160,7 @@ def create_app(
         predictor = PredictorService(store, clock.now, from_store=settings.store_prompt_samples)
         gateway = _gateway(settings, cluster, writer, metrics, predictor, tls, link.front_id)
         metrics.watch_predictor(predictor)
+        metrics.watch_store(writer)
         app.state.served, app.state.front = served, link
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
         app.state.cluster, app.state.grpc_port, app.state.recovered, app.state.predictor = cluster, 0, 0, predictor
@@ -233,6 +236,16 @@ def create_app(
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
+
+    @app.exception_handler(SQLAlchemyError)
+    async def store_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        """A status-table read (or a write the API makes itself) that failed because the database is
+        unavailable: 503 naming the cause, not a 500 (the writer holds the rows meanwhile)."""
+        if not store_unavailable(exc):
+            raise exc
+        writer: BatchWriter | None = getattr(request.app.state, "writer", None)
+        held = f"; {writer.buffered} rows buffered" if writer is not None else ""
+        return openai.store_refused(f"the status table is unavailable ({describe(exc)}){held}")
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:

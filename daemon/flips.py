@@ -36,6 +36,7 @@ from tetri.scheduling.flip import InstanceView, SplitAdvice, TransitionWatcher, 
 
 from .cluster import Cluster, Instance
 from .db.store import Store
+from .db.writer import describe, store_unavailable
 from .worker_client import WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,15 @@ class Flipper:
         inst, to = self.validate(instance_id, to_role)
         self.cluster.begin_flip(inst)
         started = self.clock.now()
-        flip_id = await asyncio.to_thread(self.store.record_flip, inst.id, inst.role, to, reason, requested_by, started)
+        try:
+            flip_id = await asyncio.to_thread(
+                self.store.record_flip, inst.id, inst.role, to, reason, requested_by, started
+            )
+        except Exception as e:  # not recorded, not flipped: the instance serves on in its role
+            self.cluster.end_flip(inst, None)
+            if not store_unavailable(e):
+                raise
+            raise FlipError(503, f"not flipped: the status table is unavailable ({describe(e)})") from None
         task = asyncio.create_task(self._run(flip_id, inst, to))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -124,7 +133,10 @@ class Flipper:
             fields: dict[str, Any] = {"done_ts": self.clock.now(), "outcome": outcome}
             if drained is not None:
                 fields["drained_ts"] = drained
-            await asyncio.to_thread(self.store.update_flip, flip_id, **fields)
+            try:
+                await asyncio.to_thread(self.store.update_flip, flip_id, **fields)
+            except Exception as e:
+                log.error("flip %d of %s (%s) not recorded: %s", flip_id, inst.id, outcome, describe(e))
 
     def configure(self) -> None:
         p = self.cluster.policies
@@ -165,7 +177,13 @@ class Flipper:
         """The split the advisor wants for the last window (None without an advisor or evidence)."""
         if self.advisor is None:
             return None
-        rows = await asyncio.to_thread(self.store.window_requests, now - self.watcher.window_s, now)
+        try:
+            rows = await asyncio.to_thread(self.store.window_requests, now - self.watcher.window_s, now)
+        except Exception as e:  # the status table is unavailable (the writer says so): no advice this window
+            if not store_unavailable(e):
+                raise
+            log.debug("flip advisor: no advice this window: %s", describe(e))
+            return None
         seen = []
         for row in rows:
             r = row | ((self.pending(row["id"]) or {}) if self.pending is not None else {})

@@ -17,13 +17,16 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 
 from tetri.clock import ClusterClock
 
 from .db.store import Store
+from .db.writer import store_unavailable
 
 log = logging.getLogger(__name__)
 
+STORE_RETRY_S = 2.0  # the status table unavailable: a front's rows are ended when it is back, tried this often
 FRONT_GRACE_S = 5.0  # a front whose view stream ended is gone unless it is back within this (a controller's restart)
 
 
@@ -66,7 +69,8 @@ class FrontWatch:
             await asyncio.sleep(self.grace_s)
             if front in self.streams:
                 return
-            n = await asyncio.to_thread(self.store.interrupt_front, front, self.clock.now())
+            now = self.clock.now()
+            n = await _until_written(lambda: self.store.interrupt_front(front, now))
             log.warning("front %s is gone: %d of its request(s) marked interrupted", front, n)
         finally:
             self._lost.pop(front, None)
@@ -76,7 +80,8 @@ class FrontWatch:
         every front not connected become `interrupted`."""
         await asyncio.sleep(self.grace_s)
         seen = [*self.streams, *self._lost]  # a front in its grace is left to its own timer
-        n = await asyncio.to_thread(self.store.interrupt_orphans, seen, self.clock.now())
+        now = self.clock.now()
+        n = await _until_written(lambda: self.store.interrupt_orphans(seen, now))
         if n:
             log.warning("%d request(s) of fronts that did not reconnect marked interrupted", n)
 
@@ -85,3 +90,15 @@ class FrontWatch:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._lost.values(), return_exceptions=True)
+
+
+async def _until_written(write: Callable[[], int]) -> int:
+    """`write()` in a thread, tried again every `STORE_RETRY_S` while the status table is unavailable (its
+    writer logs the outage), so a front's rows still end when it is back."""
+    while True:
+        try:
+            return await asyncio.to_thread(write)
+        except Exception as e:
+            if not store_unavailable(e):
+                raise
+        await asyncio.sleep(STORE_RETRY_S)

@@ -107,6 +107,11 @@ class Gateway:
     def record_rejected(
         self, rid: str, message: str, prompt_tokens: int = 0, max_tokens: int = 0, model: str = ""
     ) -> None:
+        """A refused request's row (`rejected`); not written past the status table's buffer (`store_buffer_rows`
+        rows held while it is unavailable), which new rows must not grow."""
+        if self.writer.refusal() is not None:
+            self.metrics.requests.labels(status=Status.REJECTED).inc()
+            return
         now = self.clock.now()
         self.writer.submit_request_insert(
             id=rid,

@@ -125,6 +125,14 @@ class Metrics:
         self.predictor_accuracy = Gauge(
             "tetri_predictor_accuracy", "Length predictor bucket accuracy", ["kind"], registry=self.registry
         )
+        self.store_up = Gauge(
+            "tetri_store_up", "1 while the status table takes writes, 0 while it is unavailable", registry=self.registry
+        )
+        self.store_buffered = Gauge(
+            "tetri_store_buffered_rows",
+            "Status-table rows held in memory, not written yet (past store_buffer_rows new requests get 503)",
+            registry=self.registry,
+        )
 
     def latency(self) -> dict[str, dict[str, Any]]:
         """TTFT, JCT and ITL histograms (seconds, cluster clock) since the daemon started."""
@@ -134,6 +142,11 @@ class Metrics:
         """Live and held-out accuracy of the length predictor, read at scrape time."""
         self.predictor_accuracy.labels(kind="live").set_function(lambda: service.stats.live_accuracy or 0.0)
         self.predictor_accuracy.labels(kind="holdout").set_function(lambda: service.stats.holdout_accuracy or 0.0)
+
+    def watch_store(self, writer: Any) -> None:
+        """Whether the status table takes writes, and the rows held for it (`BatchWriter`), at scrape time."""
+        self.store_up.set_function(lambda: float(writer.outage is None))
+        self.store_buffered.set_function(lambda: float(writer.buffered))
 
 
 async def sample_loop_lag(tally: Tally, period_s: float = 0.05) -> None:

@@ -61,9 +61,13 @@ class PgServer:
             os.chown(root, self.user.pw_uid, self.user.pw_gid)
         self._run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
                    "--no-instructions"])  # fmt: skip
+        self.start()
+
+    def start(self) -> None:
+        """Start the server on its data directory and port; return once it accepts connections."""
         self.proc = subprocess.Popen(
             [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port), "-h", "127.0.0.1",
-             "-k", str(root), "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
+             "-k", str(self.root), "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **self._demote(),
         )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -73,6 +77,14 @@ class PgServer:
                 err = self.proc.stderr.read() if self.proc.stderr else ""  # type: ignore[union-attr]
                 raise RuntimeError(f"postgres did not start: {err[-2000:]}")
             time.sleep(0.1)
+
+    def halt(self) -> None:
+        """Stop the server as an operator would, keeping its data (`pg_ctl stop -m fast`: connections are
+        cut, the port refuses); `start()` brings it back on the same port and data."""
+        self._run([str(self.bin / "pg_ctl"), "stop", "-D", str(self.data), "-m", "fast", "-w"])
+        self.proc.wait(timeout=30)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def _demote(self) -> dict[str, int]:
         """Popen's `user` and `group` (set in C between fork and exec: no Python code runs in the forked

@@ -63,6 +63,13 @@ class DaemonSettings(BaseSettings):
     load_retention_s: float = Field(600.0, gt=0, description="How long load samples are kept in the database.")
     load_sample_every: int = Field(10, ge=1, description="Store one load sample per instance every N reports.")
     flush_interval_s: float = Field(0.05, gt=0, description="Batched status-table writes: flush period.")
+    store_buffer_rows: int = Field(
+        100_000,
+        ge=1,
+        description="Status-table rows held in memory while the database is unavailable (a full disk, a server "
+        "down), written when it is back; past this many, new requests get 503 (store_unavailable) and requests in "
+        "flight finish, their rows held.",
+    )
     predictor_retrain_s: float = Field(
         60.0, gt=0, description="Retrain the learned length predictor this often (when it is selected)."
     )
@@ -188,7 +195,7 @@ class WorkerSettings(BaseSettings):
         "model directory (vllm), the built-in byte tokenizer (sim). With a sim engine, its token ids stay "
         "within that tokenizer's vocabulary.",
     )
-    kv_connector: Literal["HostKVConnector", "NixlConnector", "P2pNcclConnector"] = Field(
+    kv_connector: Literal["HostKVConnector", "NixlConnector"] = Field(
         "HostKVConnector", description="vllm: the KV connector (docs/vllm.md)."
     )
     kv_store: str = Field(

@@ -2,7 +2,8 @@
 timeline, cancel, policies, flips.
 
 Status-table reads go to the database (writes are batched, so a request may appear there up to one
-flush interval after it arrives). A row is written as its request starts and as it ends, so what is in
+flush interval after it arrives); while it is unavailable they answer 503 (`store_unavailable`, the
+app's handler). A row is written as its request starts and as it ends, so what is in
 flight comes from memory: laid over its row, and a listing by an in-flight phase is made from it. Times are the cluster
 clock's (model time when the cluster runs scaled); `/cluster` and `/requests` say what it reads now.
 """
@@ -31,7 +32,8 @@ from .schemas import BulkCancel, errors
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], responses=errors(401, 404, 409))
+# 503: the status table unavailable to a read (`store_unavailable`, the app's handler)
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], responses=errors(401, 404, 409, 503))
 
 
 def _gw(request: Request) -> Gateway:
@@ -68,6 +70,13 @@ async def cluster(request: Request) -> dict[str, Any]:
         "requests_by_status": counts,
         "latency": request.app.state.metrics.latency(),  # the /metrics histograms, for a dashboard's window
         "max_model_len": gw.max_model_len(),
+        # the status table's writes: up, or the cause; the rows held for it (past buffer_rows: 503s)
+        "store": {
+            "up": gw.writer.outage is None,
+            "error": gw.writer.outage,
+            "buffered_rows": gw.writer.buffered,
+            "buffer_rows": gw.writer.max_buffered,
+        },
     }
 
 

@@ -17,11 +17,13 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import Send
 
 from tetri.sampling import Sampling
 
 from ..db.models import Status
+from ..db.writer import describe, store_unavailable
 from ..gateway import Failed, Finished, Gateway, new_request_id
 from ..served import ServedModels
 from ..textstream import TextStream
@@ -46,12 +48,22 @@ from .sse import EventStream, send_now
 router = APIRouter(dependencies=[Depends(require_api_key)])
 CODES = errors(400, 401, 404, 409, 413, 429, 502, 503)
 RETRY_AFTER_S = "1"  # a request its instance rejected (429): when to try again, in seconds
+STORE_RETRY_AFTER_S = "5"  # the status table unavailable (503)
 
 
 def openai_error(
     status: int, message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
     return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+
+def store_refused(message: str) -> JSONResponse:
+    """503 for the status table: unavailable to a read, or past `store_buffer_rows` rows held for it."""
+    return JSONResponse(
+        error_body(message, "ServiceUnavailableError", None, "store_unavailable"),
+        status_code=503,
+        headers={"Retry-After": STORE_RETRY_AFTER_S},
+    )
 
 
 def _gateway(request: Request) -> Gateway:
@@ -168,6 +180,9 @@ async def _admit(
             status_code=503,
             headers={"Retry-After": "5"},
         )
+    refusal = gw.writer.refusal()
+    if refusal is not None:  # past the rows held for an unavailable status table (not recorded: one more)
+        return store_refused(refusal)
     chosen = body.tetri.request_id if body.tetri else None
     rid = chosen or new_request_id(id_prefix)
     if chosen:  # only a client-chosen id can collide; generated ids skip the lookup on this hot path
@@ -176,7 +191,15 @@ async def _admit(
         # reserved from here until the request is in flight (or refused below): a second request with this
         # id meanwhile is a 409 too
         gw.reserved[rid] = time.monotonic()
-        if await asyncio.to_thread(request.app.state.store.get_request, rid):
+        try:
+            taken = await asyncio.to_thread(request.app.state.store.get_request, rid)
+        except SQLAlchemyError as e:
+            gw.reserved.pop(rid, None)
+            if not store_unavailable(e):
+                raise
+            why = f"the status table is unavailable ({describe(e)}): tetri.request_id {rid!r} cannot be checked"
+            return store_refused(why)
+        if taken:
             gw.reserved.pop(rid, None)
             return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
     ids: list[int] = []

@@ -11,10 +11,19 @@ Failures are isolated. A batch the database refuses for a row's content (a value
 duplicate id…) is split and every row written in its own transaction: the refused row affects that
 request alone — logged with its id and dropped, an update first retried with only its ending fields
 (status, phase, finish times, counts) so a row never stays `running` for a bad value — and every other
-row is written. A batch (or row) that fails for the database's own reasons (locked, unavailable, no
-table: `OperationalError`) is kept, in order, before anything submitted since, and tried again at the
-next flush; after `MAX_TRIES` such tries it is dropped with an error log (the database is broken, not a
-request). The background task never dies of a database error.
+row is written. The background task never dies of a database error.
+
+The store going away. A batch (or row) that fails for the database's own reasons — a full disk, a
+server stopped or unreachable, a dropped connection, a lock, a missing table: any error but a row's
+content, `store_unavailable` — is kept, in order, before anything submitted since (its requests' later
+updates queue behind it, so each row ends as it would have), and tried again with backoff (0.1 s,
+doubling to 2 s; not sooner for a full batch) until the database takes it: while the daemon runs, no row
+is dropped for the database's failure. One warning when the outage begins (`outage` names its cause) and
+one when it ends. The rows held meanwhile (`buffered`) are bounded by admission, not here: past
+`max_buffered` rows, `refusal()` says why new requests are refused (the daemon answers 503); requests in
+flight still end and their rows are held. Load samples past the bound are dropped (telemetry; counted in
+`samples_dropped`, one warning). Only `stop()` gives up: it tries what is held `MAX_TRIES` more times
+(with backoff) and drops the rest with an error log.
 
 After `stop()` the writer is closed: every `submit_*` raises `WriterClosedError` (nothing is dropped
 silently). The `submit_*` methods are not thread-safe: call them from the event loop's thread.
@@ -32,13 +41,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, DisconnectionError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from .store import LOAD_SAMPLE_COLUMNS, REQUEST_COLUMNS, Store
 
 logger = logging.getLogger(__name__)
 
-MAX_TRIES = 3
+MAX_TRIES = 3  # at stop(): tries of what is held before it is dropped
+BACKOFF_FIRST_S = 0.1  # the store unavailable: the first retry after this, doubling …
+BACKOFF_MAX_S = 2.0  # … to at most this
+BUFFER_ROWS = 100_000  # rows held before new requests are refused (`[daemon] store_buffer_rows`)
 T = TypeVar("T")
 
 
@@ -65,21 +78,36 @@ class BatchWriter:
     Attributes for tests and metrics: `flushes` (successful flush transactions), `rows_written` (rows
     in them: one per insert, per merged request update, per load sample; load samples of unregistered
     instances are skipped, see `Store.write_batch`), `failed_flushes` (failed
-    tries), `rows_dropped` (rows in batches given up after `MAX_TRIES`).
+    tries), `rows_dropped` (rows refused for their content, or given up at stop()), `outage` (None while
+    the store takes writes; else the cause, one line), `outages` (how many began), `samples_dropped`
+    (load samples not held past `max_buffered`), `buffered` (rows held, not written yet).
     """
 
-    def __init__(self, store: Store, flush_interval_s: float = 0.05, max_batch: int = 1000) -> None:
+    def __init__(
+        self, store: Store, flush_interval_s: float = 0.05, max_batch: int = 1000, max_buffered: int = BUFFER_ROWS
+    ) -> None:
         if flush_interval_s <= 0:
             raise ValueError("flush_interval_s must be > 0")
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
+        if max_buffered < 1:
+            raise ValueError("max_buffered must be >= 1")
         self.store = store
         self.flush_interval_s = flush_interval_s
         self.max_batch = max_batch
+        self.max_buffered = max_buffered
         self.flushes = 0
         self.rows_written = 0
         self.failed_flushes = 0
         self.rows_dropped = 0
+        self.samples_dropped = 0
+        self.outage: str | None = None
+        self.outages = 0
+        self._outage_began = 0.0  # the loop's time when it began
+        self._written_before = 0  # `rows_written` when it began
+        self._backoff_s = BACKOFF_FIRST_S
+        self._again: BaseException | None = None  # why the last row of a split batch was kept for later
+        self._dropping_samples = False
         self._pending = _Batch()
         self._retry: _Batch | None = None  # a batch whose last try failed; written before _pending
         self._writing: _Batch | None = None  # the batch a flush is writing now
@@ -133,6 +161,12 @@ class BatchWriter:
         new_rows = [dict(r) for r in rows]
         for row in new_rows:
             _check_columns(row, LOAD_SAMPLE_COLUMNS)
+        if new_rows and self.buffered >= self.max_buffered:  # telemetry does not grow a full buffer
+            self.samples_dropped += len(new_rows)
+            if not self._dropping_samples:
+                self._dropping_samples = True
+                logger.warning("%d status-table rows held: dropping load samples until they are written", self.buffered)
+            return
         self._pending.samples.extend(new_rows)
         self._maybe_wake()
 
@@ -189,6 +223,20 @@ class BatchWriter:
         return len(self._pending) + (len(self._retry) if self._retry is not None else 0)
 
     @property
+    def buffered(self) -> int:
+        """Rows held in memory and not written yet: pending, kept for another try, or being written now."""
+        n = len(self._pending)
+        if self._retry is not None:
+            n += len(self._retry)
+        if self._writing is not None and self._writing is not self._retry:
+            n += len(self._writing)
+        return n
+
+    def refusal(self) -> str | None:
+        """Why a new request must be refused now (past `max_buffered` held rows), or None: `store_refusal`."""
+        return store_refusal(self.buffered, self.max_buffered, self.outage)
+
+    @property
     def running(self) -> bool:
         """Whether the background flush task is alive."""
         return self._task is not None and not self._task.done()
@@ -207,24 +255,32 @@ class BatchWriter:
     async def flush(self) -> None:
         """Write whatever is pending now and wait until it is committed.
 
-        If the write fails, the batch is kept for the next try (or dropped after `MAX_TRIES`, with an
-        error log) and the database error is raised to the caller. Works without start().
+        If the write fails, the batch is kept for the next try (after stop(): dropped after `MAX_TRIES`,
+        with an error log) and the database error is raised to the caller. Works without start().
         """
         await self._flush()
 
     async def stop(self) -> None:
         """Close the writer: later `submit_*` calls raise `WriterClosedError`; end the background task;
-        then flush what is pending, trying each batch up to `MAX_TRIES` times. Does not raise for a
-        failing database — what cannot be written is dropped with an error log. Idempotent."""
+        then flush what is pending, trying each batch up to `MAX_TRIES` more times (with backoff between
+        tries). Does not raise for a failing database — what cannot be written is dropped with an error
+        log. Idempotent."""
         self._closed = True
         self._stopping = True
         if self._task is not None:
             assert self._wake is not None
             self._wake.set()
             await self._task
+        if self._retry is not None:
+            self._retry.tries = 0  # the tries of an outage were not given up on: these are the last
+        delay = BACKOFF_FIRST_S
         while self.pending:
-            with contextlib.suppress(Exception):  # already logged by _flush
+            try:
                 await self._flush()
+            except Exception:  # already logged by _flush
+                if self.pending:
+                    await asyncio.sleep(delay)
+                    delay = next_backoff(delay)
 
     # ---- internals -----------------------------------------------------------------------------------
 
@@ -240,19 +296,21 @@ class BatchWriter:
             self._wake = asyncio.Event()
 
     def _maybe_wake(self) -> None:
-        if self._wake is not None and len(self._pending) >= self.max_batch:
+        # not while the store is unavailable: the next try waits out its backoff, however much is pending
+        if self._wake is not None and self.outage is None and len(self._pending) >= self.max_batch:
             self._wake.set()
 
     async def _run(self) -> None:
         assert self._wake is not None
         while not self._stopping:
+            wait = self.flush_interval_s if self.outage is None else self._backoff_s
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.flush_interval_s):
+                async with asyncio.timeout(wait):
                     await self._wake.wait()
             self._wake.clear()
             if self._stopping:
                 break
-            # A failure is logged by _flush, and its batch kept for the next try (or dropped).
+            # A failure is logged by _flush, and its batch kept for the next try.
             with contextlib.suppress(Exception):
                 await self._flush()
 
@@ -260,17 +318,49 @@ class BatchWriter:
         self._ensure_primitives()
         assert self._lock is not None
         async with self._lock:
+            tried = self._retry is not None or len(self._pending) > 0
             if self._retry is not None:
                 await self._write(self._retry)  # raises if it fails again: _pending waits behind it
                 self._retry = None
             if len(self._pending):
                 batch, self._pending = self._pending, _Batch()
                 await self._write(batch)
+            if tried:  # the store took all it was given (a failed try raises)
+                self._dropping_samples = False
+                if self.outage is not None:
+                    self._store_back()
+
+    def _unavailable(self, e: BaseException) -> None:
+        """A try failed for the store's own reasons (not while stopping): the outage begins (one warning)
+        or goes on (its cause kept up to date, the next try later)."""
+        cause = describe(e)
+        if self.outage is None:
+            self.outages += 1
+            self._outage_began = asyncio.get_running_loop().time()
+            self._written_before = self.rows_written
+            self._backoff_s = BACKOFF_FIRST_S
+            logger.warning(
+                "the status table is unavailable (%s): holding its rows and retrying until it is back "
+                "(%d held; new requests are refused past %d)",
+                cause,
+                self.buffered,
+                self.max_buffered,
+            )
+        else:
+            self._backoff_s = next_backoff(self._backoff_s)
+        self.outage = cause
+
+    def _store_back(self) -> None:
+        took = asyncio.get_running_loop().time() - self._outage_began
+        held = self.rows_written - self._written_before
+        logger.warning("the status table is back after %.1f s: the %d rows held for it are written", took, held)
+        self.outage = None
+        self._backoff_s = BACKOFF_FIRST_S
 
     async def _write(self, batch: _Batch) -> None:
         """One try at one batch in a worker thread; if the database refuses it, row by row (module doc).
-        Rows kept for another try become `_retry` (or are dropped after `MAX_TRIES`), and the error is
-        raised."""
+        Rows kept for another try become `_retry` (while stopping, dropped after `MAX_TRIES`), and the
+        error is raised."""
         self._writing = batch
         try:
             await self._write_once(batch)
@@ -286,33 +376,41 @@ class BatchWriter:
                 load_samples=batch.samples,
             )
         except Exception as e:
+            cause: BaseException = e
             if _content_error(e):  # a row's content: find it, write the others
+                self._again = None
                 written, batch = await asyncio.to_thread(self._write_rows, batch)
                 self.rows_written += written
                 if not len(batch):
                     self.flushes += 1
                     return
+                cause = self._again or e  # why the rows left failed
             batch.tries += 1
             self.failed_flushes += 1
-            if batch.tries >= MAX_TRIES:
+            if not self._stopping:  # held until the store takes it (module doc)
+                self._retry = batch
+                self._unavailable(cause)
+            elif batch.tries >= MAX_TRIES:
                 self._retry = None
                 self.rows_dropped += len(batch)
                 logger.error(
-                    "dropping a status-table batch after %d failed tries (%d inserts, %d updates, %d load samples)",
+                    "stopping: dropping %d status-table rows after %d failed tries (%d inserts, %d updates, "
+                    "%d load samples): %s",
+                    len(batch),
                     batch.tries,
                     len(batch.inserts),
                     len(batch.updates),
                     len(batch.samples),
-                    exc_info=True,
+                    describe(cause),
                 )
             else:
                 self._retry = batch
                 logger.warning(
-                    "status-table flush failed (try %d of %d); keeping %d rows for the next try",
+                    "stopping: status-table flush failed (try %d of %d; %s); keeping %d rows for the next try",
                     batch.tries,
                     MAX_TRIES,
+                    describe(cause),
                     len(batch),
-                    exc_info=True,
                 )
             raise
         self.flushes += 1
@@ -367,6 +465,7 @@ class BatchWriter:
             write()
         except Exception as e:
             if not _content_error(e):
+                self._again = e
                 return "again"
             if not quiet:
                 self.rows_dropped += 1
@@ -375,14 +474,52 @@ class BatchWriter:
         return "ok"
 
 
+def store_unavailable(e: BaseException) -> bool:
+    """Whether an error says the store itself failed — a full disk, a server stopped or unreachable, a
+    dropped connection, a lock, a missing table, no connection free in the pool: any database error but a
+    row's content (`IntegrityError`, `DataError`), and any `OSError` — so what was to be written waits for
+    it. Reads that fail so are answered 503 (`store_unavailable`)."""
+    if isinstance(e, OSError | PoolTimeoutError | DisconnectionError):
+        return True
+    return isinstance(e, DBAPIError) and not isinstance(e, IntegrityError | DataError)
+
+
 def _content_error(e: BaseException) -> bool:
     """Whether the database refused a row for what it holds (a duplicate key, a value out of range or not
-    encodable) rather than failing itself (locked, gone, no table, a dropped connection: try again)."""
-    if isinstance(e, IntegrityError | DataError):
-        return True
-    # raised before the statement reached the database (encoding, integer range): SQLAlchemy wraps it in
-    # a StatementError that is not a DBAPIError, or it arrives bare
-    return not isinstance(e, DBAPIError)
+    encodable) rather than failing itself (`store_unavailable`: try again). Raised before the statement
+    reached the database (encoding, integer range), SQLAlchemy wraps it in a StatementError that is not a
+    DBAPIError, or it arrives bare."""
+    return not store_unavailable(e)
+
+
+def describe(e: BaseException) -> str:
+    """An error in one line, its driver's class named: `sqlite3.OperationalError: database or disk is
+    full`, `psycopg.OperationalError: connection failed: … Connection refused`."""
+    orig = e.orig if isinstance(e, DBAPIError) and e.orig is not None else e
+    kind = type(orig)
+    package = kind.__module__.split(".")[0]
+    return f"{kind.__qualname__ if package == 'builtins' else f'{package}.{kind.__qualname__}'}: {_one_line(orig)}"
+
+
+def next_backoff(delay_s: float) -> float:
+    """The wait before the next try of an unavailable store: double the last, within [0.1 s, 2 s]."""
+    return min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, delay_s * 2))
+
+
+def store_refusal(buffered: int, limit: int, outage: str | None) -> str | None:
+    """Why a new request is refused for the status table, or None: only once `buffered` rows (held, not
+    written) reach `limit`; the message names the cause."""
+    if buffered < limit:
+        return None
+    if outage is not None:
+        return (
+            f"the status table is unavailable ({outage}); {buffered} rows buffered (store_buffer_rows "
+            f"{limit}): new requests are refused until it is back"
+        )
+    return (
+        f"the status table is behind: {buffered} rows buffered (store_buffer_rows {limit}): new requests are "
+        "refused until they are written"
+    )
 
 
 def _one_line(e: BaseException) -> str:

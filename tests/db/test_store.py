@@ -13,7 +13,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from daemon.db.models import Phase, Status
-from daemon.db.store import INTERRUPTED_ERROR, Store
+from daemon.db.store import INTERRUPTED_ERROR, LOAD_SAMPLES, Store
 from daemon.db.writer import MAX_TRIES, BatchWriter, WriterClosedError
 
 
@@ -460,6 +460,8 @@ def test_failed_flush_keeps_the_batch_for_the_next_try(store: Store, monkeypatch
 
 
 def test_flush_error_does_not_kill_the_writer(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """A table gone is the database failing, not a row: the writer lives on, holds the batch (and what comes
+    behind it) however many tries it takes, and writes it all once the table is back (issue 31, item 4)."""
     _instance(store)
     with store.engine.begin() as conn:
         conn.execute(text("DROP TABLE load_samples"))
@@ -469,20 +471,24 @@ def test_flush_error_does_not_kill_the_writer(store: Store, caplog: pytest.LogCa
         await writer.start()
         try:
             writer.submit_load_samples([_sample(1.0)])
-            await _wait_until(lambda: writer.rows_dropped == 1)
-            assert writer.running
-            assert writer.failed_flushes == MAX_TRIES and writer.pending == 0
-            writer.submit_request_insert(**_req("r", 1.0))  # the writer still works
-            await _wait_until(lambda: writer.rows_written == 1)
-            assert writer.running
+            await _wait_until(lambda: writer.failed_flushes >= MAX_TRIES + 1)  # more than stop() would make
+            assert writer.running and writer.outage is not None and "load_samples" in writer.outage
+            assert writer.rows_dropped == 0 and writer.pending == 1
+            writer.submit_request_insert(**_req("r", 1.0))  # held behind the sample: written in order
+            await asyncio.sleep(0.05)
+            assert writer.pending == 2 and store.get_request("r") is None
+            await asyncio.to_thread(LOAD_SAMPLES.create, store.engine)
+            await _wait_until(lambda: writer.rows_written == 2)
+            assert writer.running and writer.outage is None
         finally:
             await writer.stop()
         return writer
 
     with caplog.at_level(logging.WARNING, logger="daemon.db.writer"):
         asyncio.run(main())
-    assert store.get_request("r") is not None
-    assert any(r.levelno == logging.ERROR and "dropping" in r.getMessage() for r in caplog.records)
+    assert store.get_request("r") is not None and len(store.list_load_samples()) == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "daemon.db.writer"]
+    assert len(said) == 2 and "unavailable" in said[0] and "back after" in said[1], said  # not one per try
 
 
 def test_stop_with_a_broken_database_drops_with_an_error_log(store: Store, caplog: pytest.LogCaptureFixture) -> None:
