@@ -151,7 +151,8 @@ class Chaos:
                     to = "decode" if role == "prefill" else "prefill"
                     async with httpx.AsyncClient(base_url=self.c.url, timeout=10) as h:
                         r = await h.post(f"/api/v1/instances/{iid}/flip", json={"to": to, "reason": "chaos"})
-                    what = f"flip {iid} {role} → {to}: HTTP {r.status_code}"
+                    done = "" if r.status_code < 300 else "skipped: "  # a refused flip is no fault
+                    what = f"{done}flip {iid} {role} → {to}: HTTP {r.status_code}"
         else:
             role = "front" if kind == "kill-front" else "controller"
             pids = children(self.c.procs[0].pid, role)
@@ -196,7 +197,10 @@ async def drive(cluster: LocalCluster, a: argparse.Namespace) -> tuple[list[Stre
                 n += 1
             if t >= next_fault and t < a.duration - a.stop_s:  # every fault over (a stop lifted) by the end
                 kind = order[len(chaos.log)] if len(chaos.log) < len(order) else rng.choice(KINDS)
-                await chaos.fault(kind, t)
+                try:
+                    await chaos.fault(kind, t)
+                except httpx.HTTPError as e:  # the admin API behind a front just killed, say
+                    chaos.log.append((t, kind, f"skipped: {type(e).__name__}"))
                 next_fault += a.fault_every
             chaos.wake()
             await asyncio.sleep(0.01)
@@ -235,6 +239,8 @@ def figures(streams: list[Stream], chaos: Chaos, table_rows: list[dict[str, Any]
         if s.tokens != [sim_token(s.prompt, i, vocab) for i in range(len(s.tokens))]:
             wrong += 1
         row = by_id.get(s.id)
+        if not s.id:  # an error before its first token names no id: nothing received, no row to match
+            continue
         if o in ("complete", "error event + [DONE]") and (row is None or row["output_tokens"] != len(s.tokens)):
             if row is not None and row["status"] == "interrupted" and "died while in flight" in (row["error"] or ""):
                 behind += 1  # its front was killed within one flush of the end: the last write went with it

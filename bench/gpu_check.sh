@@ -6,7 +6,7 @@
 #      directory (bench/gpu_check_compare.py write-model);
 #   2. plain vLLM's OpenAI server on it, alone on the GPU (first, then stopped): the reference tokens and latencies;
 #   3. Tetri: a daemon, 1 prefill and 1 decode vLLM worker on the same GPU (each engine 0.42 of its memory),
-#      the KV handed over by NixlConnector, or P2pNcclConnector where NIXL is missing; the same requests;
+#      the KV handed over by NixlConnector (NIXL missing: that part fails, saying so); the same requests;
 #   4. `tetrictl profile` on the model, alone on the GPU: the fitted cost model's error;
 #   5. a markdown table: the profile's fit error, the tokens identical (n of N), TTFT and TPOT of each side.
 #
@@ -147,17 +147,14 @@ if ! "$PY" -c 'import torch, vllm; assert torch.cuda.is_available(), "torch sees
     exit 1
 fi
 
-# the KV connector: NIXL where vLLM can load it (vllm.distributed.nixl_utils imports nixl._api), else NCCL
+# the KV connector: NIXL where vLLM can load it (vllm.distributed.nixl_utils imports nixl._api); the workers
+# know no other GPU connector (vLLM 0.32 removed P2pNcclConnector)
 if "$PY" -c 'from nixl._api import nixl_agent' >/dev/null 2>&1; then
     CONNECTOR=NixlConnector
     say "KV connector: NixlConnector (NIXL is installed)"
-elif "$PY" -c 'from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory as F
-assert "P2pNcclConnector" in F._registry' >/dev/null 2>&1; then
-    CONNECTOR=P2pNcclConnector
-    say "KV connector: P2pNcclConnector (NIXL is not installed: pip install nixl)"
 else
     CONNECTOR=""
-    say "KV connector: none: NIXL is not installed (pip install nixl) and this vLLM has no P2pNcclConnector"
+    say "KV connector: none: NIXL is not installed (pip install nixl)"
 fi
 say "memory: plain vLLM alone, then Tetri's prefill and decode engines together, each gpu_memory_utilization $SHARE"
 
@@ -209,7 +206,7 @@ fi
 if [[ ! -f $RUN/model/config.json ]]; then
     :
 elif [[ -z $CONNECTOR ]]; then
-    fail "Tetri 1P+1D: not run: no KV connector for GPUs (NIXL missing, and vLLM has no P2pNcclConnector)"
+    fail "Tetri 1P+1D: not run: no KV connector for GPUs (NIXL is missing: pip install nixl)"
 elif budget 1 120 >/dev/null; then
     token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
     mkdir -p "$RUN/state"

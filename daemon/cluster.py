@@ -9,7 +9,8 @@ An instance that misses `unhealthy_after` intervals is marked unhealthy and gets
 reports again. A cordoned instance (`cordon`: the admin API's `POST /api/v1/instances/{id}/cordon`) gets
 no new work either — no new prompts, no new hand-overs (broadcasts and fronts' views show it `cordoned`)
 — whatever it reports, until `uncordon`; what runs there runs to completion. The flag lives in this
-registry only: it survives a re-registration, not a restart of the daemon.
+registry only: it survives a re-registration, and the instance's removal (it comes back cordoned), not
+a restart of the daemon.
 Everything here is plain data: the ControlPlane gRPC service (`daemon.grpc_edge`) converts the wire
 messages to and from these classes.
 
@@ -237,6 +238,9 @@ class Cluster:
         dead_after_s: float = 10.0,
     ) -> None:
         self.instances: dict[str, Instance] = {}
+        # instance id -> when it was cordoned: the operator's word outlives the instance's removal (a worker
+        # drained, stopped and started again under its id comes back cordoned, until uncordoned)
+        self.cordoned_ids: dict[str, float] = {}
         self.report_interval_s = report_interval_s
         self.unhealthy_after = unhealthy_after
         self.writer = writer
@@ -307,6 +311,8 @@ class Cluster:
             inst.cordoned, inst.cordoned_at = old.cordoned, old.cordoned_at  # an operator's word stands
             old.__dict__.update(inst.__dict__)
             return old
+        if inst.id in self.cordoned_ids:  # cordoned, removed, back
+            inst.cordoned, inst.cordoned_at = True, self.cordoned_ids[inst.id]
         self.instances[inst.id] = inst
         return inst
 
@@ -413,6 +419,7 @@ class Cluster:
         if inst.cordoned:
             return False
         inst.cordoned, inst.cordoned_at = True, self.clock.now()
+        self.cordoned_ids[inst.id] = inst.cordoned_at
         self.invalidate()
         return True
 
@@ -421,6 +428,7 @@ class Cluster:
         if not inst.cordoned:
             return False
         inst.cordoned = False
+        self.cordoned_ids.pop(inst.id, None)
         self.invalidate()
         return True
 

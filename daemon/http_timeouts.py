@@ -2,9 +2,11 @@
 at all: slowloris) holds a connection and a parser forever otherwise; uvicorn times only idle keep-alive
 connections. As nginx does (client_header_timeout, client_body_timeout, 60 s each by default): a
 connection's request headers must arrive whole within `http_header_timeout_s` of its first byte (of the
-connection, for the first request), and between two reads of a body at most `http_body_timeout_s` may
-pass; past either the daemon answers 408 in the OpenAI error shape and closes the connection. A request
-whose body arrived is the app's: these timers stop there.
+connection, for the first request; a keep-alive connection's next request too), and between two reads
+of a body at most `http_body_timeout_s` may pass; past either the daemon answers 408 in the OpenAI error
+shape and closes the connection. A request whose body arrived is the app's: these timers stop there.
+While the daemon itself is not reading (a response in progress, with a pipelined request waiting behind
+it) a timer that runs out starts again: a 408 never lands inside another request's response.
 """
 
 from __future__ import annotations
@@ -69,7 +71,13 @@ class TimedHttpProtocol(HttpToolsProtocol):
 
     def _expired(self, what: str, seconds: float, setting: str) -> None:
         self._tetri_timer = None
-        if self.transport.is_closing() or (self.cycle is not None and self.cycle.response_started):
+        if self.transport.is_closing():
+            return
+        # the server is the one not reading (a response in progress: a pipelined request waits for it, and
+        # uvicorn pauses reading meanwhile): time from when it reads again, never a 408 inside a response
+        answering = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
+        if answering or self.pipeline or self.flow.read_paused:
+            self._arm(seconds, what, setting)
             return
         message = f"the request's {what} did not arrive within {seconds:g} s ({setting})"
         payload = json.dumps(error_body(message, "RequestTimeoutError", None, "request_timeout")).encode()

@@ -1,11 +1,13 @@
 """`tetrictl up`, `tetrictl daemon start`, `tetrictl worker start`: run the cluster's processes."""
 
+import fcntl
 import os
 import signal
 import sys
 import time
+import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -367,10 +369,12 @@ def up(
         fail("--fronts must be 0 (one daemon process) or more")
     if stream_interval is not None and stream_interval < 1:
         fail(f"--stream-interval must be at least 1, not {stream_interval}")
-    stopping = {"flag": False}
+    stopping = {"flag": False, "starting": True}
 
     def on_signal(signum: int, frame: object) -> None:
         stopping["flag"] = True
+        if stopping["starting"]:  # out of the start (what started is stopped): tetrictl down works from the first
+            raise _StopWhileStarting
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -378,14 +382,54 @@ def up(
     wargs = ["--engine", engine]
     for flag, value in (*vllm_only.items(), ("--served-model-name", served_model_name)):
         _opt(wargs, flag, value)
-    start_policies = {k: v for k, v in preset.to_dict().items() if v != DEFAULTS[k]}
+    # the preset's fields that are not the defaults, but none the config file's [daemon] policies set: the
+    # preset is the base, the operator's file adjusts it, --baseline and --mode hybrid come last
+    configured = _configured_policies(config)
+    start_policies = {k: v for k, v in preset.to_dict().items() if v != DEFAULTS[k] and k not in configured}
     if baseline:
         start_policies["colocated_schedule"] = baseline
     if mode == "hybrid" and preset.pd_route == "role":
         start_policies["pd_route"] = "length"
     pidfile = state_dir / UP_PIDFILE
-    if _running_up(pidfile):
+    lock = _lock_up(state_dir)
+    if lock is None:
         fail(f"a cluster from {state_dir} is up already (pid in {pidfile}); tetrictl down stops it", exitcodes.REFUSED)
+    try:
+        code = _serve(
+            roles, state_dir, profile, time_scale, mode, port, grpc_port, config, start_policies, log_args, fronts,
+            stream_interval, wargs, engine, baseline, policies, json_out, stopping,
+        )  # fmt: skip
+    finally:
+        pidfile.unlink(missing_ok=True)  # ours: we hold its lock
+        os.close(lock)
+    raise typer.Exit(code)
+
+
+class _StopWhileStarting(Exception):
+    """SIGTERM or Ctrl-C while `up` starts its processes."""
+
+
+def _serve(
+    roles: list[str],
+    state_dir: Path,
+    profile: str,
+    time_scale: float,
+    mode: str,
+    port: int,
+    grpc_port: int,
+    config: Path | None,
+    start_policies: dict[str, Any],
+    log_args: list[str],
+    fronts: int,
+    stream_interval: int | None,
+    wargs: list[str],
+    engine: str,
+    baseline: str | None,
+    policies: str | None,
+    json_out: bool,
+    stopping: dict[str, bool],
+) -> int:
+    """Start the cluster, serve until a signal, stop it; the exit code."""
     try:
         cluster = start_local_cluster(
             roles,
@@ -405,8 +449,14 @@ def up(
         )
     except StartError as e:
         fail(str(e), exitcodes.REFUSED)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    pidfile.write_text(f"{os.getpid()}\n")
+    except _StopWhileStarting:
+        if not json_out:
+            out.print("stopped while starting")
+        return 0
+    stopping["starting"] = False
+    if stopping["flag"]:  # a signal between the start's end and here
+        cluster.stop()
+        return 0
     doc = {
         "url": cluster.url,
         "grpc": cluster.grpc,
@@ -454,10 +504,9 @@ def up(
     if not json_out:
         out.print("stopping: the daemon drains in-flight requests first, then the workers stop")
     cluster.stop()
-    pidfile.unlink(missing_ok=True)
     if not json_out:
         out.print("stopped")
-    raise typer.Exit(code)
+    return code
 
 
 UP_PIDFILE = "up.pid"  # in the state directory: the running `tetrictl up`'s pid, for `tetrictl down`
@@ -465,14 +514,55 @@ VLLM_START_S = 900.0  # a vLLM worker may take this long to load its model and r
 DEFAULTS = PolicySet().to_dict()
 
 
-def _running_up(pidfile: Path) -> int | None:
-    """The pid in `pidfile` when that process is alive (a stale file from a killed `up` names none)."""
+def _configured_policies(config: Path | None) -> set[str]:
+    """The policy fields the config file's [daemon] policies table sets (an unreadable file: none here; the
+    daemon reports it)."""
+    if config is None:
+        return set()
     try:
-        pid = int(pidfile.read_text().strip())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
+        table = tomllib.loads(config.read_text(encoding="utf-8")).get("daemon", {}).get("policies", {})
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return set()
+    return set(table) if isinstance(table, dict) else set()
+
+
+def _lock_up(state_dir: Path) -> int | None:
+    """Take `state_dir`'s pid file for this `up`: an exclusive lock held while the process lives (the
+    kernel drops it when the process dies, however it dies), the pid written in it. None: another `up`
+    holds it. The fd is not inherited by the children."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / UP_PIDFILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
         return None
-    return pid
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _running_up(pidfile: Path) -> int | None:
+    """The pid of the `tetrictl up` that holds `pidfile`'s lock; None when none does (no file, or one left
+    by an `up` that is gone: its pid may belong to another process by now, and is never signalled)."""
+    try:
+        fd = os.open(pidfile, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        for _ in range(40):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: an `up` is running; its pid is written just after the lock
+                text = os.pread(fd, 32, 0).decode().strip()
+                if text.isdigit():
+                    return int(text)
+                time.sleep(0.05)
+                continue
+            return None
+        return None
+    finally:
+        os.close(fd)
 
 
 def down(

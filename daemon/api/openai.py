@@ -168,8 +168,10 @@ async def _admit(
     ids_of: Callable[[Tokenizer | None], list[int]],
     max_tokens: int | None,
     id_prefix: str,
+    max_field: str = "max_tokens",
 ) -> _Job | JSONResponse:
-    """Validate, tokenize and start one request, or the error answer (recorded as rejected)."""
+    """Validate, tokenize and start one request, or the error answer (recorded as rejected). `max_field`:
+    the field `max_tokens` came from, which its refusals name."""
     gw = _gateway(request)
     if gw.draining:  # recorded too: the status-table writer flushes before the daemon exits
         gw.record_rejected(
@@ -238,8 +240,7 @@ async def _admit(
         message = f"prompt has {len(ids)} tokens; this model's context is {max_len}"
         return reject(400, message, "BadRequestError", "prompt", "context_length_exceeded")
     want = max_tokens if max_tokens is not None else max_len - len(ids)
-    # the field the client set (chat: max_completion_tokens wins over max_tokens, as OpenAI's)
-    field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+    field = max_field
     if want <= 0:
         return reject(400, f"{field} must be at least 1, got {want}", "BadRequestError", field)
     if len(ids) + want > max_len:
@@ -303,8 +304,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 @router.post("/v1/chat/completions", response_model=None, responses=CODES)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    # max_completion_tokens wins over max_tokens, as OpenAI's
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    job = await _admit(request, body, lambda tok: _chat_ids(body, tok), max_tokens, "chatcmpl-")
+    job = await _admit(request, body, lambda tok: _chat_ids(body, tok), max_tokens, "chatcmpl-", field)
     return job if isinstance(job, JSONResponse) else await _respond(job, body.stream, True, request)
 
 

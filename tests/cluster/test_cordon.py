@@ -234,3 +234,20 @@ def test_drained_needs_a_quiet_report_a_settle_time_after_the_cordon() -> None:
     assert ctl.instance_dict(d)["drained"]
     ctl.routed(d, +1)  # this daemon's own request there, before any report shows it
     assert not ctl.instance_dict(d)["drained"]
+
+
+def test_a_cordoned_instance_removed_and_back_comes_back_cordoned() -> None:
+    """`instances drain` and then a worker stopped and started again under its id: the cordon stands until
+    uncordon, even though the daemon removed the silent instance meanwhile."""
+    ctl, clock = registry("prefill", "decode", "decode")
+    assert ctl.cordon(ctl.instances["w1"])
+    clock.t += 11  # w1 stopped: silent past dead_after_s (the others report)
+    for iid, role in (("w0", "prefill"), ("w2", "decode")):
+        assert ctl.report(LoadReport(iid, role, "active", kv_capacity_tokens=1000))
+    ctl.check_health()
+    assert "w1" not in ctl.instances
+    back = ctl.register(Registration("w1", "decode", "h:1", "m", 1024, 1000))
+    assert back.cordoned and [i.id for i in ctl.healthy("decode")] == ["w2"]
+    assert ctl.uncordon(back)
+    ctl.check_health()
+    assert sorted(i.id for i in ctl.healthy("decode")) == ["w1", "w2"]

