@@ -187,6 +187,12 @@ class Instance:
         return self.load.kv_used_tokens / cap if cap else 0.0
 
     @property
+    def shown_state(self) -> str:
+        """Its state as broadcasts, views and the flip watcher see it: `cordoned` for an active one cordoned
+        (workers hand over to `active` decode instances only; a front takes it back as the flag)."""
+        return "cordoned" if self.cordoned and self.state == "active" else self.state
+
+    @property
     def schedulable(self) -> bool:
         """Whether routing may send it new work: active, not cordoned, not flipping."""
         return self.state == "active" and not self.cordoned and not self.flip_pending
@@ -581,7 +587,7 @@ class Cluster:
             [
                 InstanceState(
                     i.registration(),
-                    "draining" if i.flip_pending else self._shown_state(i),
+                    "draining" if i.flip_pending else i.shown_state,
                     i.load,
                 )
                 for i in self.instances.values()
@@ -638,15 +644,9 @@ class Cluster:
         self.invalidate()
 
     @staticmethod
-    def _shown_state(i: Instance) -> str:
-        """Its state as broadcasts and views carry it: `cordoned` for an active one cordoned (workers hand
-        over to `active` decode instances only; a front takes it back as the flag)."""
-        return "cordoned" if i.cordoned and i.state == "active" else i.state
-
-    @classmethod
-    def _broadcast_load(cls, i: Instance) -> LoadReport:
+    def _broadcast_load(i: Instance) -> LoadReport:
         return dataclasses.replace(
-            i.load, state=cls._shown_state(i), kv_capacity_tokens=i.load.kv_capacity_tokens or i.kv_capacity_tokens
+            i.load, state=i.shown_state, kv_capacity_tokens=i.load.kv_capacity_tokens or i.kv_capacity_tokens
         )
 
     async def monitor(self) -> None:

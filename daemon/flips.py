@@ -160,7 +160,7 @@ class Flipper:
                 InstanceView(
                     i.id,
                     i.role,
-                    "flipping" if i.flip_pending else "cordoned" if i.cordoned and i.state == "active" else i.state,
+                    "flipping" if i.flip_pending else i.shown_state,
                     i.kv_usage,
                     i.load.queued + i.inflight,
                 )

@@ -87,11 +87,7 @@ async def instances(request: Request) -> dict[str, Any]:
 
 @router.get("/instances/{instance_id}")
 async def instance(instance_id: str, request: Request) -> dict[str, Any]:
-    gw = _gw(request)
-    inst = gw.cluster.instances.get(instance_id)
-    if inst is None:
-        raise HTTPException(404, detail=f"no instance {instance_id!r}")
-    return gw.cluster.instance_dict(inst)
+    return _gw(request).cluster.instance_dict(_instance(request, instance_id))
 
 
 # --- cordons --------------------------------------------------------------------------------------------
@@ -104,9 +100,7 @@ async def cordon(instance_id: str, request: Request) -> dict[str, Any]:
     if at_front(request):
         return await to_controller(request, None)
     cluster = _gw(request).cluster
-    inst = cluster.instances.get(instance_id)
-    if inst is None:
-        raise HTTPException(404, detail=f"no instance {instance_id!r}")
+    inst = _instance(request, instance_id)
     refusal = cluster.cordon_refusal(inst)
     if refusal is not None:
         raise HTTPException(409, detail={"message": f"not cordoned: {refusal}", "param": None})
@@ -122,9 +116,7 @@ async def uncordon(instance_id: str, request: Request) -> dict[str, Any]:
     if at_front(request):
         return await to_controller(request, None)
     cluster = _gw(request).cluster
-    inst = cluster.instances.get(instance_id)
-    if inst is None:
-        raise HTTPException(404, detail=f"no instance {instance_id!r}")
+    inst = _instance(request, instance_id)
     changed = cluster.uncordon(inst)
     if changed:
         log.warning("instance %s (%s) uncordoned by %s", inst.id, inst.role, identity(request))
@@ -371,10 +363,16 @@ async def clear_plan(instance_id: str, request: Request) -> dict[str, Any]:
     return {"instance_id": instance_id, "planned": 0}
 
 
-def _decode_instance(request: Request, instance_id: str) -> Any:
+def _instance(request: Request, instance_id: str) -> Any:
+    """The registered instance, or a 404 naming the id."""
     inst = _gw(request).cluster.instances.get(instance_id)
     if inst is None:
         raise HTTPException(404, detail=f"no instance {instance_id!r}")
+    return inst
+
+
+def _decode_instance(request: Request, instance_id: str) -> Any:
+    inst = _instance(request, instance_id)
     if inst.role != "decode":
         raise HTTPException(409, detail=f"instance {instance_id} is a {inst.role} instance: plans load into decode")
     return inst
