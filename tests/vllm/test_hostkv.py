@@ -12,30 +12,43 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
 from tests.vllm import need_vllm
+from workers.engines.vllm import connectors
+from workers.engines.vllm.engine import VllmEngine, VllmOptions, parse_cpus
 
-need_vllm()  # before the imports below: they need vllm (and its torch)
+need_vllm()
 
-import torch  # noqa: E402
-
-from workers.engines.vllm import connectors  # noqa: E402
-from workers.engines.vllm.engine import VllmEngine, VllmOptions, parse_cpus  # noqa: E402
-
-with warnings.catch_warnings():  # importing vLLM's connector base warns about torch's own deprecations
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from workers.engines.vllm import hostkv
+# The tests that import hostkv (vLLM's connector base, torch) are `isolated`: they share one fresh
+# process, so nothing of vLLM's is loaded in pytest's own (tests/isolation.py).
 
 
-def _caches(dtype: torch.dtype, layers: int = 2) -> list[torch.Tensor]:
+@pytest.fixture(scope="module")
+def hostkv() -> ModuleType:
+    with warnings.catch_warnings():  # importing vLLM's connector base warns about torch's own deprecations
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from workers.engines.vllm import hostkv
+
+    return hostkv
+
+
+def _caches(dtype: Any, layers: int = 2) -> list[Any]:
+    import torch
+
     # vLLM's CPU layout: [blocks, kv heads, block size, 2 × head dim]
     return [torch.zeros(16, 2, 32, 128, dtype=dtype) for _ in range(layers)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_hand_over_file_round_trips_into_other_blocks(tmp_path: Path, dtype: torch.dtype):
+@pytest.mark.isolated
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_a_hand_over_file_round_trips_into_other_blocks(tmp_path: Path, dtype_name: str, hostkv: ModuleType):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
     src = _caches(dtype)
     for i, c in enumerate(src):
         c.copy_(torch.randn(c.shape).to(dtype) + i)
@@ -50,7 +63,10 @@ def test_a_hand_over_file_round_trips_into_other_blocks(tmp_path: Path, dtype: t
         assert not d[[1, 2, 3, 4, 6, 7, 8]].any()  # nothing else written
 
 
-def test_a_hand_over_of_the_wrong_size_is_refused(tmp_path: Path):
+@pytest.mark.isolated
+def test_a_hand_over_of_the_wrong_size_is_refused(tmp_path: Path, hostkv: ModuleType):
+    import torch
+
     src = _caches(torch.float32)
     path = tmp_path / "k.kv"
     with path.open("wb") as f:
@@ -64,7 +80,8 @@ def test_a_hand_over_of_the_wrong_size_is_refused(tmp_path: Path):
         hostkv._read(str(path), _caches(torch.float32, layers=3), [1, 2])  # another model
 
 
-def test_hand_over_parameters_name_one_file_both_sides_agree_on():
+@pytest.mark.isolated
+def test_hand_over_parameters_name_one_file_both_sides_agree_on(hostkv: ModuleType):
     key = "0123abcd"
     assert connectors.prefill_params(connectors.HOST_KV, key) == {connectors.STORE: key}
     handle = connectors.handoff_params(connectors.HOST_KV, key, None)

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.vllm import need_vllm
+from tests.vllm import cpu_kernels_for_this_cpu, need_vllm, vllm_kernels
 from tetrictl.procs import spawn, stop_all, wait_ready
 from workers.engines.vllm import seeded
 
@@ -48,15 +48,22 @@ START_TIMEOUT = 600.0
 LOGS: dict[str, Path] = {}  # each process's stderr (its engine's too), tailed into a failing test's report
 
 
+@pytest.mark.isolated  # vLLM's native kernels run in the test's process: a crash there fails this test alone
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # importing vLLM's internals (torch's, deep_gemm's)
 def test_advancing_a_generator_replays_vllms_sampler():
     """`seeded.advance` makes the draws vLLM's sampler makes: a generator advanced k steps samples what
-    step k + 1 … of one run sample (the CPU build's fused Gumbel path, and the native path GPUs use)."""
+    step k + 1 … of one run sample (the CPU build's fused Gumbel path, and the native path GPUs use).
+    The sampler's kernels are the build vLLM's platform loader picks for this CPU, as in its engine."""
     import torch
     import vllm
-    import vllm._C  # the CPU sampler's kernels
+    from vllm.platforms import current_platform
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    current_platform.import_kernels()  # never a build by name: vllm._C is AVX-512 code (SIGILL on AVX2 CPUs)
+    kernels = vllm_kernels()
+    print("vLLM's CPU kernels in this process:", *kernels)  # -rP shows it
+    assert [k.name.split(".")[0] for k in kernels] == [cpu_kernels_for_this_cpu()], kernels
 
     # the hook wraps vLLM internals (the V1 model runner's _update_states, _sample, _bookkeeping_sync and
     # its discard_request_mask; the sampler's per-request generators): checked on this version
