@@ -54,6 +54,8 @@ from tetri.costmodel import CostModel
 from .admission import Running, Waiting, admit, predicted_growth, remaining, srpt_work
 from .policyset import PolicySet
 from .prefill import ChunkedPrefill, FixedBatchPrefill, PrefillItem
+from .prefix import cacheable_blocks
+from .prefixcache import PrefixCache
 
 ROLES = ("prefill", "decode", "colocated")
 HEAVY_DECODE = 128  # tokens: a request predicted to produce more is a heavy decode (ShareGPT's median answer)
@@ -85,6 +87,9 @@ class SchedRequest:
     # colocated: a migrated request whose client already has part of its answer (the prompt carries the
     # tokens streamed): started, like a preempted one — it goes first and is never late or rejected
     resumed: bool = False
+    # the keys of the prompt's full blocks at the engine's block size (`tetri.scheduling.prefix`): what the
+    # prefix cache matches and stores; () leaves the request out of the cache
+    block_keys: tuple[int, ...] = ()
 
     @property
     def stop_at(self) -> int:
@@ -124,6 +129,8 @@ class Outcome:
     tokens: tuple[tuple[str, int], ...]  # (request id, output token index)
     prefilled: tuple[str, ...] = ()  # prefill role: prompts done, first token produced, KV held
     finished: tuple[str, ...] = ()  # produced their last token; their KV is free
+    # (request id, prompt tokens its prefill found in the prefix cache) for each prompt done here
+    cached: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,11 @@ class Usage:
     heavy: int  # requests here predicted heavy (> HEAVY_DECODE tokens), for dispatch
     light: int
     predicted_growth_tokens: int  # Σ predicted tokens still to produce (0 for requests without a prediction)
+    # the prefix cache (counters over the scheduler's life, new requests only, as vLLM counts them): prompt
+    # tokens looked up, and found cached
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    cached_blocks: int = 0  # blocks in the prefix cache (pinned and free)
 
 
 class _Req:
@@ -146,15 +158,19 @@ class _Req:
         "filled",
         "growth",
         "heavy",
+        "hit",
         "kv",
         "n_out",
         "phase",
+        "queried",
         "recompute",
+        "refs",
         "req",
         "rid",
         "seq",
         "since",
         "stop",
+        "stored",
     )
 
     def __init__(self, req: SchedRequest, phase: Phase, produced: int, seq: int) -> None:
@@ -163,8 +179,12 @@ class _Req:
         self.stop = req.stop_at  # tokens after which it is finished
         self.phase = phase
         self.n_out = produced  # output tokens produced so far (token indices 0 … n_out − 1)
-        self.kv = 0  # KV tokens charged to this instance
+        self.kv = 0  # KV tokens of its context here (its own, and those of the cached blocks it references)
         self.filled = 0  # tokens of its current prefill done so far (the prefill covers `kv` tokens)
+        self.refs: list[int] = []  # the prefix-cache blocks it references (pinned): its hits, then blocks it cached
+        self.hit = 0  # prompt tokens its latest admission found cached (the prefill starts after them)
+        self.stored = 0  # leading prompt blocks it has referenced or tried to cache
+        self.queried = False  # counted in the cache's query and hit counters (once, as vLLM counts)
         self.recompute = False  # decode: preempted, its context must be rebuilt when re-admitted
         self.seq = seq  # arrival order here: the prefill order's tie-break
         self.heavy = False
@@ -189,6 +209,7 @@ class InstanceScheduler:
         prefill_budget: int | None = None,
         kv_capacity: int | None = None,
         max_num_seqs: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown role '{role}'; known roles: {', '.join(ROLES)}")
@@ -220,7 +241,12 @@ class InstanceScheduler:
         self._running: list[_Req] = []  # admission order: the last is preempted first
         self._held = 0  # prefill: prompts held
         self._held_tokens = 0
-        self._used = 0  # Σ kv
+        # KV in use: Σ (each request's kv less its referenced cache blocks) + the pinned cache blocks; cache
+        # blocks no request references sit in the room left and are evicted as it shrinks (`PrefixCache`)
+        self._used = 0
+        self._context = 0  # Σ kv: the context every request's attention reads (shared blocks once each)
+        self.block_size = profile.block_size
+        self.cache = PrefixCache(profile.block_size) if prefix_caching else None
         self._arrivals = itertools.count(1)
         self._plan_order: list[str] = []
         self._plan_set: set[str] = set()
@@ -272,6 +298,7 @@ class InstanceScheduler:
         del self._loading[request_id]
         r.phase = Phase.RUNNING
         self._running.append(r)
+        self._cache_blocks(r, r.req.prompt_len)  # the prompt blocks it loaded are cached here now
         return True
 
     def release(self, request_id: str) -> bool:
@@ -356,7 +383,8 @@ class InstanceScheduler:
     def usage(self) -> Usage:
         # a prefill instance admits prompts to its prefill queue eagerly (KV permitting): those with no
         # chunk run yet wait as much as those waiting for KV (the router's backlog, the load report's queue)
-        queued = sum(1 for r in self._prefilling.values() if not r.filled) if self.role == "prefill" else 0
+        queued = sum(1 for r in self._prefilling.values() if r.filled == r.hit) if self.role == "prefill" else 0
+        cache = self.cache
         return Usage(
             kv_capacity_tokens=self.capacity,
             kv_used_tokens=self._used,
@@ -368,15 +396,32 @@ class InstanceScheduler:
             heavy=self._heavy,
             light=self._light,
             predicted_growth_tokens=self._growth,
+            prefix_query_tokens=cache.query_tokens if cache is not None else 0,
+            prefix_hit_tokens=cache.hit_tokens if cache is not None else 0,
+            cached_blocks=cache.pinned + cache.free if cache is not None else 0,
         )
 
     def check(self) -> None:
         """The KV invariants: used KV is the sum of what the requests here hold, and within capacity."""
-        held = sum(r.kv for r in self._reqs.values())
+        b = self.block_size
+        cache = self.cache
+        pinned = cache.pinned if cache is not None else 0
+        free = cache.free if cache is not None else 0
+        held = sum(r.kv - len(r.refs) * b for r in self._reqs.values()) + pinned * b
         if held != self._used:
-            raise AssertionError(f"KV used {self._used} ≠ Σ held by requests {held}")
+            raise AssertionError(f"KV used {self._used} ≠ Σ held by requests and pinned cache blocks {held}")
         if not 0 <= self._used <= self.capacity:
             raise AssertionError(f"KV used {self._used} outside [0, {self.capacity}]")
+        if self._used + free * b > self.capacity:
+            raise AssertionError(f"KV used {self._used} + {free} free cache blocks exceed {self.capacity}")
+        if self._context != sum(r.kv for r in self._reqs.values()):
+            raise AssertionError("the context count drifted")
+        refs: dict[int, int] = {}
+        for r in self._reqs.values():
+            for key in r.refs:
+                refs[key] = refs.get(key, 0) + 1
+        if cache is not None and refs != cache._refs:
+            raise AssertionError("the requests' cache references and the pinned blocks differ")
         for r in self._reqs.values():
             charged = r.phase in (Phase.PREFILLING, Phase.LOADING, Phase.RUNNING, Phase.HELD)
             if charged != (r.kv > 0):
@@ -405,7 +450,7 @@ class InstanceScheduler:
         decode = [p for p in plan.pieces if (r := reqs.get(p.request_id)) is not None and r.phase is running]
         prefill = [p for p in plan.pieces if (r := reqs.get(p.request_id)) is not None and r.phase is not running]
         d, f = self._complete_decode(decode), self._complete_prefill(prefill)
-        return Outcome(d.tokens + f.tokens, f.prefilled, d.finished + f.finished)
+        return Outcome(d.tokens + f.tokens, f.prefilled, d.finished + f.finished, f.cached)
 
     # --- prefill role ----------------------------------------------------------------------------------
 
@@ -420,8 +465,8 @@ class InstanceScheduler:
                 self._chunker.add(item)
             return
         for r in self._prefilling.values():
-            if r.filled == 0 and self._chunker.remove(r.req.request_id):
-                self._whole.add(PrefillItem(r.req.request_id, r.req.prompt_len, r.seq))
+            if r.filled == r.hit and self._chunker.remove(r.req.request_id):
+                self._whole.add(PrefillItem(r.req.request_id, r.req.prompt_len, r.seq, r.hit))
 
     def _schedule_prefill(self) -> IterationPlan | None:
         rejected = self._reject_late()
@@ -431,16 +476,15 @@ class InstanceScheduler:
         self._sync_prefill_mode()
         while self._waiting and len(self._prefilling) < self.max_num_seqs:
             r = self._waiting[0]
-            if self._used + r.req.prompt_len > self.capacity:
+            prompt = r.req.prompt_len
+            if self._used + self._need(r, prompt, prompt) > self.capacity:
                 break  # back-pressure: the free cache (held KV included) cannot take the head's prompt
             self._waiting.popleft()
             r.phase = Phase.PREFILLING
-            r.kv = r.req.prompt_len
-            r.filled = 0
-            self._used += r.kv
+            r.filled = self._charge(r, prompt, prompt)  # the prefill starts after the cached blocks
             self._prefilling[r.req.request_id] = r
             queue = self._chunker if self.chunked else self._whole
-            queue.add(PrefillItem(r.req.request_id, r.req.prompt_len, r.seq))
+            queue.add(PrefillItem(r.req.request_id, prompt, r.seq, r.hit))
         if len(self._chunker):  # chunked; or chunked off with prompts it had started
             step = self._chunker.next_chunk()
             assert step is not None
@@ -455,7 +499,7 @@ class InstanceScheduler:
             )
         if len(self._whole):
             items = self._whole.next_batch(self.prefill_budget)
-            pieces = tuple(Piece(x.request_id, 0, x.prompt_len) for x in items)
+            pieces = tuple(Piece(x.request_id, x.cached, x.prompt_len - x.cached) for x in items)
             return IterationPlan("prefill", pieces, self._prefill_time(pieces), self._used)
         return None
 
@@ -463,15 +507,19 @@ class InstanceScheduler:
         tokens: list[tuple[str, int]] = []
         prefilled: list[str] = []
         finished: list[str] = []
+        cached: list[tuple[str, int]] = []
         for piece in pieces:
             r = self._reqs.get(piece.request_id)
             if r is None or r.phase is not Phase.PREFILLING:  # aborted during the iteration
                 continue
             r.filled += piece.tokens
             self.prompt_tokens_processed += piece.tokens
+            self._cache_blocks(r, r.filled)
             if r.filled < r.kv:
                 continue
             del self._prefilling[piece.request_id]
+            if r.n_out == 0:
+                cached.append((piece.request_id, r.hit))
             tokens.append((piece.request_id, r.n_out))
             r.n_out += 1
             if self.role == "prefill":
@@ -485,7 +533,7 @@ class InstanceScheduler:
             else:
                 r.phase = Phase.RUNNING
                 self._running.append(r)
-        return Outcome(tuple(tokens), tuple(prefilled), tuple(finished))
+        return Outcome(tuple(tokens), tuple(prefilled), tuple(finished), tuple(cached))
 
     # --- colocated role (tetri.scheduling.colocated) -----------------------------------------------------
 
@@ -519,7 +567,7 @@ class InstanceScheduler:
             return ()
         late: list[str] = []
         if self.role == "prefill":
-            queued = [r for r in self._prefilling.values() if r.filled == 0 and not r.req.resumed]
+            queued = [r for r in self._prefilling.values() if r.filled == r.hit and not r.req.resumed]
             late = [r.req.request_id for r in queued if now - r.req.arrival > target]
         for r in self._waiting:
             if self._started(r) or r.req.resumed:  # a migrated request's client has part of its answer
@@ -536,11 +584,9 @@ class InstanceScheduler:
         need = r.req.prompt_len + r.n_out  # the prompt, plus output so far when recomputing
         self._take_waiting(r)
         r.phase = Phase.PREFILLING
-        r.kv = need
-        r.filled = 0
-        self._used += need
+        r.filled = self._charge(r, need, need)  # the prefill starts after the cached blocks
         if r.n_out > 0:
-            self.recomputed_tokens += need
+            self.recomputed_tokens += need - r.filled
         self._prefilling[r.req.request_id] = r
         return need
 
@@ -553,13 +599,14 @@ class InstanceScheduler:
         total = sum(p.tokens for p in pieces)
         for r in self._policy_admissions():
             need = r.req.prompt_len + r.n_out
-            batch = max(longest, need) * (len(pieces) + 1) if padded else total + need
+            work = need - self._lookup(r, need) * self.block_size  # what its prefill computes
+            batch = max(longest, work) * (len(pieces) + 1) if padded else total + work
             if pieces and batch > self.prefill_budget:
                 break
             self._start_prefill(r)
-            pieces.append(Piece(r.req.request_id, 0, need))
+            pieces.append(Piece(r.req.request_id, r.filled, need - r.filled))
             admitted.append(r.req.request_id)
-            longest, total = max(longest, need), total + need
+            longest, total = max(longest, work), total + work
         if not pieces:
             return self._schedule_decode(admit_waiting=False)
         ps = tuple(pieces)
@@ -585,9 +632,9 @@ class InstanceScheduler:
         admitted: list[str] = []
         if left > 0:
             for r in self._policy_admissions():
-                need = self._start_prefill(r)
-                take = min(need, left)
-                chunks.append(Piece(r.rid, 0, take))
+                self._start_prefill(r)
+                take = min(r.kv - r.filled, left)
+                chunks.append(Piece(r.rid, r.filled, take))
                 admitted.append(r.rid)
                 left -= take
                 if left <= 0:
@@ -645,6 +692,8 @@ class InstanceScheduler:
         for r in self._running:
             r.kv += 1
         self._used += len(self._running)
+        self._context += len(self._running)
+        self._evict()
         return pieces
 
     def _schedule_decode(self, *, admit_waiting: bool) -> IterationPlan | None:
@@ -659,16 +708,16 @@ class InstanceScheduler:
                 rid = r.req.request_id
                 admitted.append(rid)
                 cached = r.req.prompt_len + r.n_out - 1  # the prompt and the output tokens fed so far
-                r.kv = cached
-                self._used += cached
-                if r.phase is Phase.REMOTE:  # pull its KV: the charge moves here now
+                # the prompt blocks cached here are neither pulled nor recomputed (the step computes a token)
+                hit = self._charge(r, cached, cached + 1)
+                if r.phase is Phase.REMOTE:  # pull the rest of its KV: the charge moves here now
                     r.phase = Phase.LOADING
                     self._loading[rid] = r
                     pulled.append(rid)
                 else:  # preempted: rebuild its context within this step (recompute-style)
                     r.phase = Phase.RUNNING
                     r.recompute = False
-                    recompute += cached
+                    recompute += cached - hit
                     running.append(r)
             self.recomputed_tokens += recompute
             self.prompt_tokens_processed += recompute
@@ -685,7 +734,7 @@ class InstanceScheduler:
                 pulled=tuple(pulled),
             )
         pieces = self._feed_running()
-        duration = self.cost.decode_step_time(len(running), self._used)
+        duration = self.cost.decode_step_time(len(running), self._context)
         if recompute:
             duration += self.cost.prefill_flops(recompute) / self.cost.effective_flops
         return IterationPlan(
@@ -722,8 +771,7 @@ class InstanceScheduler:
         return Outcome(tuple(tokens), (), tuple(r.req.request_id for r in finished))
 
     def _preempt(self, r: _Req) -> None:
-        self._used -= r.kv
-        r.kv = 0
+        self._uncharge(r)  # its cached blocks stay cached (free): its re-admission may hit them
         r.phase = Phase.WAITING
         r.recompute = self.role == "decode"
         self._waiting.appendleft(r)
@@ -822,8 +870,10 @@ class InstanceScheduler:
             return []
         step = self._used + len(self._running)  # the next step's memory with what runs now
         fit: list[_Req] = []
+        computes = 1 if self.role == "decode" else 0  # a decode admission's step computes the next token
         for r in self._candidates(room):
-            step += self._waiting_context(r) + 1
+            context = self._waiting_context(r)
+            step += self._need(r, context, context + computes) + 1
             if step > self.capacity:
                 break
             fit.append(r)
@@ -868,6 +918,85 @@ class InstanceScheduler:
             self._plan_set.discard(rid)
             self._plan_order.remove(rid)
 
+    # --- the prefix cache ------------------------------------------------------------------------------
+
+    def _lookup(self, r: _Req, computed: int) -> int:
+        """`r`'s leading prompt blocks cached here that a computation of `computed` tokens may skip."""
+        keys, cache = r.req.block_keys, self.cache
+        if cache is None or not keys:
+            return 0
+        return cache.lookup(keys, min(len(keys), cacheable_blocks(computed, self.block_size)))
+
+    def _need(self, r: _Req, context: int, computed: int) -> int:
+        """The KV memory admitting `r` with `context` tokens takes now: less its hits already pinned here
+        (shared at no cost; a free cached block takes its memory back)."""
+        h = self._lookup(r, computed)
+        if not h:
+            return context
+        assert self.cache is not None
+        return context - self.cache.pinned_among(r.req.block_keys[:h]) * self.block_size
+
+    def _charge(self, r: _Req, context: int, computed: int) -> int:
+        """Charge `r`'s `context` tokens here; the cached blocks a computation of `computed` tokens may skip
+        are referenced instead of computed (its hits). Returns the tokens hit."""
+        b, cache = self.block_size, self.cache
+        h = self._lookup(r, computed)
+        revived = 0
+        if h:
+            assert cache is not None
+            keys = r.req.block_keys[:h]
+            revived = cache.acquire(keys)
+            r.refs = list(keys)
+        r.kv, r.hit, r.stored = context, h * b, h
+        self._used += context - h * b + revived * b
+        self._context += context
+        if cache is not None:
+            if not r.queried:  # a new request (vLLM counts a preempted one's lookups apart)
+                r.queried = True
+                cache.query_tokens += computed
+                cache.hit_tokens += h * b
+            self._evict()
+        return h * b
+
+    def _cache_blocks(self, r: _Req, upto: int) -> None:
+        """`r`'s first `upto` tokens are computed (or loaded) here: its prompt's full blocks among them are
+        cached, referenced by `r` (their memory moves from its own to the pinned blocks': used KV is the
+        same); one cached already stays its own copy."""
+        keys, cache = r.req.block_keys, self.cache
+        if cache is None or not keys:
+            return
+        end = min(len(keys), upto // self.block_size)
+        for j in range(r.stored, end):
+            if cache.insert(keys[j]):
+                r.refs.append(keys[j])
+        r.stored = max(r.stored, end)
+
+    def _uncharge(self, r: _Req) -> None:
+        """`r` lets go of its KV here: its own, and its references to cached blocks (those no one else
+        references stay cached, free)."""
+        b = self.block_size
+        self._used -= r.kv - len(r.refs) * b
+        self._context -= r.kv
+        if r.refs:
+            assert self.cache is not None
+            self._used -= self.cache.release(r.refs) * b
+            r.refs = []
+        r.kv = r.stored = 0
+
+    def _evict(self) -> None:
+        """Free cached blocks fit in the room the used KV leaves (the least recently freed go first)."""
+        if self.cache is not None:
+            self.cache.evict((self.capacity - self._used) // self.block_size)
+
+    def transfer_tokens(self, request_id: str) -> int:
+        """Decode: the prompt tokens a pulled request's hand-over brings (those not cached here)."""
+        r = self._reqs[request_id]
+        return r.req.prompt_len - r.hit
+
+    def drain_cache_events(self) -> tuple[list[int], list[int]]:
+        """The prefix cache's keys stored and removed since the last call (`PrefixCache.drain`)."""
+        return self.cache.drain() if self.cache is not None else ([], [])
+
     # --- bookkeeping -----------------------------------------------------------------------------------
 
     def _set_growth(self, r: _Req) -> None:
@@ -884,8 +1013,7 @@ class InstanceScheduler:
         if r.phase is Phase.HELD:
             self._held -= 1
             self._held_tokens -= r.kv
-        self._used -= r.kv
-        r.kv = 0
+        self._uncharge(r)
         if self.role == "decode":
             if r.heavy:
                 self._heavy -= 1

@@ -25,6 +25,12 @@ class PrefillItem:
     request_id: str
     prompt_len: int
     seq: int  # arrival order
+    cached: int = 0  # leading prompt tokens the prefix cache holds: the prefill starts after them
+
+    @property
+    def work(self) -> int:
+        """The prompt tokens its prefill computes (what sjf / ljf order by)."""
+        return self.prompt_len - self.cached
 
 
 def order_prefill(queue: Sequence[PrefillItem], policy: str, sched_batch: int) -> list[PrefillItem]:
@@ -39,7 +45,7 @@ def order_prefill(queue: Sequence[PrefillItem], policy: str, sched_batch: int) -
     out: list[PrefillItem] = []
     for g in range(0, len(arrival), sched_batch):
         group = arrival[g : g + sched_batch]
-        out += sorted(group, key=lambda x: (x.prompt_len if policy == "sjf" else -x.prompt_len, x.seq))
+        out += sorted(group, key=lambda x: (x.work if policy == "sjf" else -x.work, x.seq))
     return out
 
 
@@ -60,6 +66,9 @@ class Chunk:
 class _Progress:
     item: PrefillItem
     done: int = 0
+
+    def __post_init__(self) -> None:
+        self.done = max(self.done, self.item.cached)  # the cached tokens are not computed
 
 
 @dataclass
@@ -102,7 +111,7 @@ class ChunkedPrefill:
         return len(self._queue) + len(self._active)
 
     def pending_tokens(self) -> int:
-        return sum(x.prompt_len for x in self._queue) + sum(p.item.prompt_len - p.done for p in self._active)
+        return sum(x.work for x in self._queue) + sum(p.item.prompt_len - p.done for p in self._active)
 
     def _take_group(self) -> None:
         """Order the next PrefillSchedBatch queued requests (fcfs: all of them, in arrival order)."""
@@ -187,10 +196,10 @@ class FixedBatchPrefill:
             if not self._active:
                 self._take_group()
             item = self._active[0]
-            if (out or not at_least_one) and used + item.prompt_len > budget:
+            if (out or not at_least_one) and used + item.work > budget:
                 break
             out.append(self._active.popleft())
-            used += item.prompt_len
+            used += item.work
             if used >= budget:
                 break
         return out
