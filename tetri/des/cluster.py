@@ -2,7 +2,7 @@
 roofline cost model, on a virtual clock.
 
 A shell of events around the objects the live system runs: each instance is an `InstanceScheduler`
-(`tetri.scheduling.instance`, the same object the live sim engine loops over), `least_loaded` routes
+(`tetri.scheduling.instance`, the same object the live sim engine loops over), the `routing` policy routes
 arrivals, the predictor gives each request its range, `dispatch` picks a decode instance and a
 `TransitionWatcher` decides flips. Time comes only from `CostModel`. A heap of events (arrival,
 iteration done, KV pulled, watcher tick, flip done) ordered by (time, sequence number); no asyncio, no
@@ -46,12 +46,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from tetri.costmodel import CostModel, Profile, load_profile
+from tetri.scheduling.cacheindex import CacheEvents, CacheIndex
 from tetri.scheduling.dispatch import DecodeLoad, dispatch
 from tetri.scheduling.flip import FlipDecision, InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
 from tetri.scheduling.instance import HEAVY_DECODE, InstanceScheduler, IterationPlan, Outcome, Phase, SchedRequest
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import OraclePredictor, make_predictor
-from tetri.scheduling.routing import InstanceLoad, choose_path, least_loaded
+from tetri.scheduling.prefix import keys_from_hash_ids
+from tetri.scheduling.routing import InstanceLoad, cache_aware, choose_path, load_key, round_robin
 
 from .records import FlipRecord, InstanceRecord, RejectedRecord, RequestRecord, RunResult
 from .slo import DEFAULT_SLO, SloSet
@@ -88,6 +90,7 @@ class ClusterConfig:
     slo: SloSet = field(default=DEFAULT_SLO)  # what the `advise` flip policy scores splits against
     seed: int = 0
     colocated_instances: int = 0  # tetri mode: beside the prefill and decode instances
+    prefix_caching: bool = True  # each instance's prefix cache (vLLM's default; requests with hash ids use it)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -116,10 +119,12 @@ class FlipWatcher(Protocol):
 class _Req:
     __slots__ = (
         "arrival",
+        "cached",
         "d_inst",
         "decode_start",
         "finish",
         "first_token",
+        "keys",
         "lo",
         "out",
         "p_inst",
@@ -131,15 +136,26 @@ class _Req:
         "seq",
     )
 
-    def __init__(self, r: Request, seq: int, predicted: tuple[int, int] | None) -> None:
+    def __init__(self, r: Request, seq: int, predicted: tuple[int, int] | None, block_size: int) -> None:
         self.seq = seq
         self.arrival = r.arrival
         self.prompt = r.prompt_len
         self.out = r.output_len
         self.predicted = predicted
         self.lo = predicted[0] if predicted is not None else None
+        # a request without hash ids shares its prompt with none (its own blocks still cache: a preempted
+        # request finds them again, as in vLLM)
+        ids = r.hash_ids or tuple(((seq + 1) << 32) + j for j in range(-(-r.prompt_len // r.hash_block)))
+        self.keys = keys_from_hash_ids(ids, r.hash_block, r.prompt_len, block_size)
+        self.cached = 0  # prompt tokens its prefill found in the prefix cache
         self.sched = SchedRequest(
-            r.request_id, r.prompt_len, r.max_tokens, predicted, output_len=r.output_len, arrival=r.arrival
+            r.request_id,
+            r.prompt_len,
+            r.max_tokens,
+            predicted,
+            output_len=r.output_len,
+            arrival=r.arrival,
+            block_keys=self.keys,
         )
         self.preempt = 0
         self.prefill_start: float | None = None
@@ -155,6 +171,7 @@ class _Instance:
         "busy_s",
         "counted",
         "d_iters",
+        "epoch",
         "first",
         "idx",
         "iid",
@@ -167,6 +184,7 @@ class _Instance:
         "role",
         "roles",
         "sched",
+        "seq",
         "starting",
         "state",
     )
@@ -182,7 +200,9 @@ class _Instance:
         self.news = False  # something changed since it last planned: plan at the end of the instant
         self.outstanding = 0  # routed here, not yet done with this instance (the router's in-flight count)
         self.starting: list[_Req] = []  # loaded (or prefilled, colocated): their first decode step is next
-        self.counted = [0, 0, 0]  # padding, preemptions, recomputed tokens of schedulers it had before flips
+        # padding, preemptions, recomputed tokens, prefix query and hit tokens of schedulers it had before flips
+        self.counted = [0, 0, 0, 0, 0]
+        self.epoch, self.seq = 0, -1  # its batches of cache events to the index (a flip: a new cache, epoch)
         self.busy_s = 0.0
         self.first: float | None = None
         self.last: float | None = None
@@ -221,6 +241,13 @@ class _Sim:
         self.instances = [_Instance(f"gpu{i}", i, r, self._scheduler(r)) for i, r in enumerate(roles)]
         self.cap = self.instances[0].sched.capacity
         self.by_id = {inst.iid: inst for inst in self.instances}
+        # the control plane's prefix-cache index, fed each instance's cache events as the live daemon is
+        # (here at once: routing reads it at decision time, as it reads loads)
+        self.block = profile.block_size
+        self.index = CacheIndex()
+        for inst in self.instances:
+            self.index.limit(inst.iid, self.block, self.cap // self.block)
+        self.turns: Counter[str] = Counter()  # round-robin's turn per entry role
         self.watcher: FlipWatcher | None = watcher
         self.advisor: SplitAdvisor | None = None
         self.transitions: TransitionWatcher | None = None
@@ -238,7 +265,7 @@ class _Sim:
             if r.request_id in self.reqs:
                 raise ValueError(f"request id {r.request_id!r} appears twice")
             pred = predictor.predict((), r.request_id, r.output_len) if isinstance(predictor, OraclePredictor) else None
-            self.reqs[r.request_id] = _Req(r, seq, pred)
+            self.reqs[r.request_id] = _Req(r, seq, pred, profile.block_size)
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.pending = 0  # events other than watcher ticks in the heap
@@ -258,7 +285,12 @@ class _Sim:
 
     def _scheduler(self, role: str) -> InstanceScheduler:
         sched = InstanceScheduler(
-            role, self.cost, self.policy, chunked=self.cfg.chunked, prefill_budget=self.cfg.prefill_batch_tokens
+            role,
+            self.cost,
+            self.policy,
+            chunked=self.cfg.chunked,
+            prefill_budget=self.cfg.prefill_batch_tokens,
+            prefix_caching=self.cfg.prefix_caching,
         )
         if role != "prefill" and self.cfg.plan_order:
             sched.set_plan(self.cfg.plan_order)
@@ -355,7 +387,8 @@ class _Sim:
             req = self.reqs[rid]
             assert req.p_inst is not None
             self.releases.append((req.p_inst, rid))
-            self._push(now + self.cost.transfer_time(req.prompt), _LOADED, req)
+            # what the decode instance's prefix cache holds of the prompt is not transferred
+            self._push(now + self.cost.transfer_time(inst.sched.transfer_tokens(rid)), _LOADED, req)
         if not plan.pieces:
             self._check_drained(inst)  # its last requests may just have been turned away
             return
@@ -392,6 +425,8 @@ class _Sim:
 
     def _outcome(self, inst: _Instance, out: Outcome, prefill: bool) -> None:
         now = self.now
+        for rid, hit in out.cached:  # prompts done: how much of each its prefill found cached
+            self.reqs[rid].cached = hit
         if prefill:  # first tokens come from prefills only (a prefill or mixed iteration)
             for rid, index in out.tokens:
                 if index == 0:
@@ -414,8 +449,18 @@ class _Sim:
 
     # --- arrivals, routing, dispatch -----------------------------------------------------------
 
-    def _entry(self, role: str) -> _Instance | None:
-        """The least-loaded active instance in `role` (TetriInfer §3.2's `least_loaded`)."""
+    def _feed_index(self) -> None:
+        """Each instance's cache events since the last feed, to the index (as its worker reports them)."""
+        for inst in self.instances:
+            stored, removed = inst.sched.drain_cache_events()
+            if inst.seq < 0 or stored or removed:
+                inst.seq += 1
+                batch = CacheEvents(inst.epoch, inst.seq, inst.seq == 0, tuple(stored), tuple(removed), self.block)
+                self.index.apply(inst.iid, batch)
+
+    def _entry(self, role: str, req: _Req) -> tuple[_Instance, int] | None:
+        """Where a request would start among the active instances in `role`, by the `routing` policy
+        (`tetri.scheduling.routing`), and the prompt tokens that instance's prefix cache holds."""
         loads = [
             InstanceLoad(
                 i.iid, kv_used_tokens=i.sched.kv_used, kv_capacity_tokens=i.sched.capacity, inflight=i.outstanding
@@ -423,29 +468,52 @@ class _Sim:
             for i in self.instances
             if i.role == role and i.state == "active"
         ]
-        chosen = least_loaded(loads)
-        return None if chosen is None else self.by_id[chosen]
+        if not loads:
+            return None
+        pol = self.policy
+        least = min(loads, key=load_key)
+        hits: dict[str, int] = {}
+        if req.keys:
+            cand = [x.instance_id for x in loads] if pol.routing == "cache-aware" else None
+            if cand is not None:
+                hits = {iid: n * self.block for iid, n in self.index.match_keys(req.keys, self.block, cand).items()}
+        if pol.routing == "round-robin":
+            chosen = round_robin([x.instance_id for x in loads], self.turns[role])
+        elif pol.routing == "cache-aware" and hits:
+            chosen = cache_aware(
+                least, [(x, hits[x.instance_id]) for x in loads if x.instance_id in hits], pol.cache_slack
+            ).instance_id
+        else:
+            chosen = least.instance_id
+        assert chosen is not None
+        if req.keys and pol.routing != "cache-aware":  # what it holds still counts for the P/D choice
+            hits = {iid: n * self.block for iid, n in self.index.match_keys(req.keys, self.block, [chosen]).items()}
+        return self.by_id[chosen], hits.get(chosen, 0)
 
     def _arrive(self, req: _Req) -> None:
-        colocated = self._entry("colocated")
-        prefill = self._entry("prefill")
-        inst = colocated or prefill
+        if req.keys:
+            self._feed_index()
+        colocated = self._entry("colocated", req)
+        prefill = self._entry("prefill", req)
+        entry = colocated or prefill
         decoding = any(i.role == "decode" and i.state == "active" for i in self.instances)
         if colocated is not None and prefill is not None and decoding:  # both paths open: the request's (routing.py)
             pol = self.policy
             path = choose_path(
                 pol.pd_route,
-                req.prompt,
+                req.prompt - colocated[1],  # what the colocated entry would compute
                 req.predicted,
-                self._backlog(colocated),
-                self._backlog(prefill),
+                self._backlog(colocated[0]),
+                self._backlog(prefill[0]),
                 pol.pd_prompt_tokens,
                 pol.pd_output_tokens,
                 pol.pd_backlog_slack,
             )
-            inst = colocated if path == "colocated" else prefill
-        if inst is None:  # cannot happen: a flip never leaves the cluster unserved (flip_refusal)
+            entry = colocated if path == "colocated" else prefill
+        if entry is None:  # cannot happen: a flip never leaves the cluster unserved (flip_refusal)
             raise RuntimeError("no active instance to route to")
+        inst = entry[0]
+        self.turns[inst.role] += 1
         req.p_inst = inst
         inst.outstanding += 1
         inst.sched.add(req.sched)
@@ -565,15 +633,19 @@ class _Sim:
         decision, role, started, drained = self._flip_open.pop(inst.iid)
         assert drained is not None
         old = inst.sched
+        u = old.usage()
         inst.counted = [
             inst.counted[0] + old.padding_tokens,
             inst.counted[1] + old.preemptions,
             inst.counted[2] + old.recomputed_tokens,
+            inst.counted[3] + u.prefix_query_tokens,
+            inst.counted[4] + u.prefix_hit_tokens,
         ]
         inst.role = decision.to_role
         inst.roles.append(inst.role)
         inst.state = "active"
         inst.sched = self._scheduler(inst.role)
+        inst.epoch, inst.seq = inst.epoch + 1, -1  # a new engine, an empty cache: the next feed says so
         self.flips.append(FlipRecord(inst.iid, role, inst.role, decision.reason, started, drained, self.now))
         waiting, self.undispatched = self.undispatched, deque()
         for req in waiting:  # those still without an active decode instance wait for the next flip
@@ -607,12 +679,16 @@ class _Sim:
                     decode_instance=r.d_inst.iid if r.d_inst is not None else (r.p_inst.iid if r.out > 1 else None),
                     preemptions=r.preempt,
                     predicted=r.predicted,
+                    cached_tokens=r.cached,
                 )
             )
-        instances = [
-            InstanceRecord(i.iid, tuple(i.roles), i.busy_s, i.first, i.last, i.p_iters, i.d_iters, i.m_iters)
-            for i in self.instances
-        ]
+        instances = []
+        for i in self.instances:
+            u = i.sched.usage()
+            q, h = i.counted[3] + u.prefix_query_tokens, i.counted[4] + u.prefix_hit_tokens
+            instances.append(
+                InstanceRecord(i.iid, tuple(i.roles), i.busy_s, i.first, i.last, i.p_iters, i.d_iters, i.m_iters, q, h)
+            )
         return RunResult(
             requests=records,
             instances=instances,

@@ -94,6 +94,8 @@ def summarize(result: RunResult, price_per_gpu_hour: float = 2.0, slo: SloSet = 
         "padding_tokens": result.padding_tokens,
         "recomputed_tokens": result.recomputed_tokens,
         "flips": len(result.flips),
+        "prefix_hit_ratio": result.prefix_hit_ratio,
+        "cached_prompt_tokens": sum(r.cached_tokens for r in reqs),
     }
 
 

@@ -24,6 +24,7 @@ class RequestRecord:
     decode_instance: str | None
     preemptions: int
     predicted: tuple[int, int] | None
+    cached_tokens: int = 0  # prompt tokens its prefill found in the prefix cache (not computed)
 
     @property
     def ttft(self) -> float:
@@ -69,6 +70,8 @@ class InstanceRecord:
     prefill_iterations: int
     decode_iterations: int
     mixed_iterations: int = 0  # vllm-v1: prefill chunks batched with decodes
+    prefix_query_tokens: int = 0  # its prefix cache: prompt tokens looked up, and found (new requests)
+    prefix_hit_tokens: int = 0
 
     @property
     def span_s(self) -> float:
@@ -111,3 +114,9 @@ class RunResult:
     @property
     def provisioned(self) -> int:
         return self.gpus or len(self.instances)
+
+    @property
+    def prefix_hit_ratio(self) -> float:
+        """Prompt tokens found in the instances' prefix caches over those looked up (vLLM's hit rate)."""
+        queried = sum(i.prefix_query_tokens for i in self.instances)
+        return sum(i.prefix_hit_tokens for i in self.instances) / queried if queried else 0.0

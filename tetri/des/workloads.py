@@ -55,15 +55,28 @@ class WorkloadSpecError(WorkloadError):
     """An unknown workload or impossible parameters (one line for the user)."""
 
 
+HASH_BLOCK = 512  # tokens per hash id in a trace (Mooncake's)
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One request as the simulator (or a live load generator) sees it. Times in seconds."""
+    """One request as the simulator (or a live load generator) sees it. Times in seconds.
+
+    `hash_ids` say which prompts share a prefix (Mooncake's trace format): one id per `hash_block` tokens
+    of the prompt, equal leading ids meaning equal leading tokens; the simulator's prefix caches key on
+    them (`tetri.scheduling.prefix.keys_from_hash_ids`). `session` names the conversation (or agent run)
+    the request belongs to; `parent` the request it continues (its prompt holds that one's prompt and
+    answer), for a live generator that must wait for the answer before it sends this."""
 
     request_id: str
     arrival: float
     prompt_len: int
     output_len: int  # the true answer length, first token included
     max_tokens: int  # the client's limit (≥ output_len)
+    hash_ids: tuple[int, ...] = ()
+    hash_block: int = HASH_BLOCK
+    session: str = ""
+    parent: str = ""
 
     @property
     def peak_kv(self) -> int:

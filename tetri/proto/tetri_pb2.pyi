@@ -76,7 +76,7 @@ class Handoff(_message.Message):
     def __init__(self, decode_instance_id: _Optional[str] = ..., decode_address: _Optional[str] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("request_id", "token_ids", "finished", "finish_reason", "handoff", "error", "kv_loaded_tokens", "call")
+    __slots__ = ("request_id", "token_ids", "finished", "finish_reason", "handoff", "error", "kv_loaded_tokens", "call", "cached_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class TokenChunk(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     KV_LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
@@ -93,7 +94,8 @@ class TokenChunk(_message.Message):
     error: str
     kv_loaded_tokens: int
     call: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., handoff: _Optional[_Union[Handoff, _Mapping]] = ..., error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ..., call: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., handoff: _Optional[_Union[Handoff, _Mapping]] = ..., error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ..., call: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class ServeUp(_message.Message):
     __slots__ = ("call", "generate", "attach", "close", "accept")
@@ -218,7 +220,7 @@ class InfoReply(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("instance_id", "role", "state", "queued", "running", "kv_used_tokens", "kv_capacity_tokens", "tokens_per_s", "preemptions", "timestamp", "heavy", "light", "predicted_growth_tokens", "policy_version", "held_kv_tokens")
+    __slots__ = ("instance_id", "role", "state", "queued", "running", "kv_used_tokens", "kv_capacity_tokens", "tokens_per_s", "preemptions", "timestamp", "heavy", "light", "predicted_growth_tokens", "policy_version", "held_kv_tokens", "prefix_query_tokens", "prefix_hit_tokens", "cache")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +236,9 @@ class LoadReport(_message.Message):
     PREDICTED_GROWTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     HELD_KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_QUERY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     role: str
     state: str
@@ -249,10 +254,29 @@ class LoadReport(_message.Message):
     predicted_growth_tokens: int
     policy_version: int
     held_kv_tokens: int
-    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ..., heavy: _Optional[int] = ..., light: _Optional[int] = ..., predicted_growth_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., held_kv_tokens: _Optional[int] = ...) -> None: ...
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    cache: CacheEvents
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., timestamp: _Optional[float] = ..., heavy: _Optional[int] = ..., light: _Optional[int] = ..., predicted_growth_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., held_kv_tokens: _Optional[int] = ..., prefix_query_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., cache: _Optional[_Union[CacheEvents, _Mapping]] = ...) -> None: ...
+
+class CacheEvents(_message.Message):
+    __slots__ = ("epoch", "seq", "reset", "stored", "removed", "block_size")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    seq: int
+    reset: bool
+    stored: _containers.RepeatedScalarFieldContainer[int]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    block_size: int
+    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., reset: _Optional[bool] = ..., stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens", "vocab_size", "tokenizer")
+    __slots__ = ("instance_id", "role", "address", "model", "max_model_len", "kv_capacity_tokens", "vocab_size", "tokenizer", "block_size")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +285,7 @@ class RegisterRequest(_message.Message):
     KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     role: str
     address: str
@@ -269,7 +294,8 @@ class RegisterRequest(_message.Message):
     kv_capacity_tokens: int
     vocab_size: int
     tokenizer: str
-    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ...) -> None: ...
+    block_size: int
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("accepted", "reason", "report_interval_s")
@@ -322,7 +348,7 @@ class InstanceView(_message.Message):
     def __init__(self, registration: _Optional[_Union[RegisterRequest, _Mapping]] = ..., state: _Optional[str] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
 
 class ClusterView(_message.Message):
-    __slots__ = ("instances", "policies_json", "policy_version", "clock_now", "time_scale", "admin_url", "settled")
+    __slots__ = ("instances", "policies_json", "policy_version", "clock_now", "time_scale", "admin_url", "settled", "cache", "cache_snapshot", "cache_only")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     POLICIES_JSON_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +356,9 @@ class ClusterView(_message.Message):
     TIME_SCALE_FIELD_NUMBER: _ClassVar[int]
     ADMIN_URL_FIELD_NUMBER: _ClassVar[int]
     SETTLED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ONLY_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[InstanceView]
     policies_json: str
     policy_version: int
@@ -337,4 +366,21 @@ class ClusterView(_message.Message):
     time_scale: float
     admin_url: str
     settled: bool
-    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceView, _Mapping]]] = ..., policies_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., clock_now: _Optional[float] = ..., time_scale: _Optional[float] = ..., admin_url: _Optional[str] = ..., settled: _Optional[bool] = ...) -> None: ...
+    cache: _containers.RepeatedCompositeFieldContainer[CacheChange]
+    cache_snapshot: bool
+    cache_only: bool
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceView, _Mapping]]] = ..., policies_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., clock_now: _Optional[float] = ..., time_scale: _Optional[float] = ..., admin_url: _Optional[str] = ..., settled: _Optional[bool] = ..., cache: _Optional[_Iterable[_Union[CacheChange, _Mapping]]] = ..., cache_snapshot: _Optional[bool] = ..., cache_only: _Optional[bool] = ...) -> None: ...
+
+class CacheChange(_message.Message):
+    __slots__ = ("instance_id", "reset", "dropped", "stored", "removed")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    reset: bool
+    dropped: bool
+    stored: _containers.RepeatedScalarFieldContainer[int]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, instance_id: _Optional[str] = ..., reset: _Optional[bool] = ..., dropped: _Optional[bool] = ..., stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -30,7 +30,7 @@ Pure: plain data in and out; no clock, no I/O.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .prefix import iter_keys
@@ -118,27 +118,42 @@ class CacheIndex:
     def match(self, tokens: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
         """For each candidate that holds at least the prompt's first block, how many of its leading full
         blocks it holds (at the block size it reported). Candidates it knows nothing of are left out."""
+        out: dict[str, int] = {}
+        for size, alive in self._alive(candidates).items():
+            self._walk(iter_keys(tokens, size), alive, out)
+        return out
+
+    def match_keys(self, keys: Sequence[int], block_size: int, candidates: Iterable[str]) -> dict[str, int]:
+        """`match` for a prompt whose keys at `block_size` are known (the simulator's, from hash ids)."""
+        out: dict[str, int] = {}
+        alive = self._alive(candidates).get(block_size, 0)
+        if alive:
+            self._walk(iter(keys), alive, out)
+        return out
+
+    def _alive(self, candidates: Iterable[str]) -> dict[int, int]:
+        """The candidates holding anything, as a bit mask per block size."""
         by_size: dict[int, int] = {}
         for iid in candidates:
             e = self._entries.get(iid)
             if e is not None and e.keys and e.block_size > 0:
                 by_size[e.block_size] = by_size.get(e.block_size, 0) | (1 << e.slot)
-        out: dict[str, int] = {}
+        return by_size
+
+    def _walk(self, keys: Iterator[int], alive: int, out: dict[str, int]) -> None:
+        """Follow the keys while some of the `alive` instances hold each; record where each drops out."""
         get = self._mask.get
-        for size, alive in by_size.items():
-            n = 0
-            for key in iter_keys(tokens, size):
-                held = get(key, 0) & alive
-                lost = alive & ~held
-                if lost:
-                    self._record(out, lost, n)
-                alive = held
-                if not alive:
-                    break
-                n += 1
-            if alive:
-                self._record(out, alive, n)
-        return out
+        n = 0
+        for key in keys:
+            held = get(key, 0) & alive
+            lost = alive & ~held
+            if lost:
+                self._record(out, lost, n)
+            alive = held
+            if not alive:
+                return
+            n += 1
+        self._record(out, alive, n)
 
     def _record(self, out: dict[str, int], bits: int, n: int) -> None:
         if n == 0:

@@ -16,7 +16,7 @@ from .dispatch import DISPATCH_POLICIES
 from .flip import FLIP_POLICIES
 from .names import ADMISSION_POLICIES, PREDICTORS, QUEUE_ORDERS, RESERVE_POINTS, TTFT_MISSES
 from .prefill import PREFILL_POLICIES
-from .routing import PD_ROUTES
+from .routing import PD_ROUTES, ROUTINGS
 
 
 class PolicyError(ValueError):
@@ -54,6 +54,9 @@ class PolicySet:
     pd_output_tokens: int = 0  # length: and requests predicted to produce this many tokens; 0: not considered
     pd_backlog_slack: int = 0  # length: the other path when the chosen one has more than this many more
     # requests waiting; 0: the length alone decides
+    routing: str = "cache-aware"  # cache-aware | least-load | round-robin: the entry instance (routing.py)
+    cache_slack: int = 4  # cache-aware: an instance holding the prompt's prefix is chosen only while its
+    # backlog is within this many requests of the least-loaded instance's (the saturation guard)
 
     def __post_init__(self) -> None:
         choices = {
@@ -67,6 +70,7 @@ class PolicySet:
             "queue_order": QUEUE_ORDERS,
             "ttft_miss": TTFT_MISSES,
             "pd_route": PD_ROUTES,
+            "routing": ROUTINGS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -91,6 +95,9 @@ class PolicySet:
         v = self.pd_backlog_slack
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise PolicyError("pd_backlog_slack", f"must be a number of requests ≥ 0 (0: off), got {v!r}")
+        v = self.cache_slack
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise PolicyError("cache_slack", f"must be a number of requests ≥ 0, got {v!r}")
         v = self.token_budget
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise PolicyError("token_budget", f"must be a number of tokens ≥ 0 (0: the engine's), got {v!r}")

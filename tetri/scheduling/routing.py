@@ -38,6 +38,51 @@ def least_loaded(instances: Sequence[InstanceLoad]) -> str | None:
     return min(instances, key=load_key).instance_id
 
 
+# --- the entry instance: by load, by the prefix cache, or in turn -------------------------------------
+# `routing` (a policy): where among the instances of the entry role a request starts.
+#   cache-aware  the instance holding most of the prompt's leading blocks in its prefix cache, within the
+#                saturation guard (`cache_aware`); none in reach: the least loaded
+#   least-load   the least loaded (TetriInfer §3.2), blind to the cache
+#   round-robin  each in turn (a plain load balancer in front of N servers), blind to load and cache
+ROUTINGS = ("cache-aware", "least-load", "round-robin")
+
+
+def backlog_of(x: InstanceLoad) -> int:
+    """The router's backlog at an instance: requests it routed there and not finished, plus its reported
+    queue (`load_key`'s first term)."""
+    return x.inflight + x.queued
+
+
+def cache_aware(least: InstanceLoad, hits: Sequence[tuple[InstanceLoad, int]], slack: int) -> InstanceLoad:
+    """The cache-aware choice: of the instances holding some of the prompt's leading blocks (`hits`:
+    each with the tokens it holds), the one holding the most, ties to the less loaded (`load_key`) — but
+    only among those whose backlog is within `slack` requests of the least-loaded instance's (`least`).
+    That guard is the saturation rule (llm-d's "sticky until saturated", SGLang's balance threshold): a
+    prefix every request shares does not pin its traffic on one instance while others idle, since past
+    `slack` the least-loaded instance takes the next request, computes the prefix and holds it too.
+    Nothing in reach: `least` (least-load's choice). Dynamo weighs the same two terms (the prompt blocks an
+    instance would compute, its load) in one cost; here they are in that order, which the bench checks
+    against least-load on the session mixes (docs/bench.md)."""
+    floor = backlog_of(least)
+    best: tuple[int, tuple[int, float, str]] | None = None
+    pick = least
+    for x, held in hits:
+        if held <= 0 or backlog_of(x) > floor + slack:
+            continue
+        key = (-held, load_key(x))
+        if best is None or key < best:
+            best, pick = key, x
+    return pick
+
+
+def round_robin(candidates: Sequence[str], turn: int) -> str | None:
+    """The `turn`-th choice of a balancer that takes the candidates (in id order) one after another."""
+    if not candidates:
+        return None
+    ordered = sorted(candidates)
+    return ordered[turn % len(ordered)]
+
+
 # --- the per-request P/D choice ------------------------------------------------------------------------
 # A cluster may hold colocated, prefill and decode instances at once: each request runs either colocated
 # (one instance, both phases) or split (a prefill instance, then a decode instance its KV is handed to).
@@ -63,9 +108,12 @@ def choose_path(
     output_tokens: int,
     slack: int = 0,
 ) -> str | None:
-    """Whether a request runs colocated or split, given the least-loaded entry of each path (None: the path
+    """Whether a request runs colocated or split, given the entry each path would take (None: the path
     has no instance that can take it now: no active colocated instance, or no active prefill instance
-    with an active decode instance to hand over to). None: neither path can.
+    with an active decode instance to hand over to). None: neither path can. `prompt_len` is what the
+    colocated entry would compute: the prompt less the leading tokens its prefix cache holds (llm-d
+    disaggregates only when the uncached part of a prompt is long), so a conversation whose history the
+    colocated instance holds stays there.
 
     `role` (the default): colocated whenever the cluster has a colocated instance — a cluster of one kind
     runs as it always did. `split`: split whenever it can. `length` (TaiChi, llm-d: split the requests whose

@@ -9,7 +9,13 @@ Contract (both the sim engine and the vLLM engine keep it):
   prefill side releases it; then ``decode`` yields the tokens at indices 1 … max_tokens − 1 as they are
   produced. ``generate`` (colocated) yields indices
   0 … max_tokens − 1. Iterators end after the last token; ``abort`` ends them early.
-* ``usage()`` never blocks: capacity and usage in KV tokens, queue and running counts, recent tokens/s.
+* ``usage()`` never blocks: capacity and usage in KV tokens, queue and running counts, recent tokens/s, and
+  the prefix cache's counters (prompt tokens looked up, found).
+* The prefix cache (an engine's own: vLLM's automatic prefix caching, the sim engine's block cache) is
+  told as Tetri's block keys (`tetri.scheduling.prefix`, at ``block_size``): ``cache_keys`` all of it,
+  ``cache_delta`` what it stored and removed since the last call; the worker forwards them to the
+  control plane's index. ``cached_tokens`` says, once, how much of a request's prompt its prefill found
+  cached.
 * Engines are async and run their own batching loop; ``start``/``stop`` own that task.
 * Errors a caller can act on raise `EngineError` with a one-line message.
 """
@@ -76,6 +82,8 @@ class EngineUsage:
     heavy: int = 0  # decode: requests here predicted heavy (dispatch's split), and light
     light: int = 0
     predicted_growth_tokens: int = 0  # decode: Σ predicted tokens still to produce
+    prefix_query_tokens: int = 0  # counters over the engine's life (new requests, as vLLM counts them):
+    prefix_hit_tokens: int = 0  # prompt tokens looked up in its prefix cache, and found there
 
 
 class Engine(ABC):
@@ -86,6 +94,7 @@ class Engine(ABC):
     # tokenizer) or "" (none: token-id prompts only); set by the worker (workers.main)
     tokenizer: str = ""
     instance_id: str
+    block_size: int = 0  # its KV block size: the prefix cache's blocks (0: unknown until started)
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Start the batching loop."""
@@ -115,3 +124,16 @@ class Engine(ABC):
 
     @abstractmethod
     def usage(self) -> EngineUsage: ...
+
+    def cache_keys(self) -> list[int]:
+        """Every block key its prefix cache holds now."""
+        return []
+
+    def cache_delta(self) -> tuple[list[int], list[int]]:
+        """The keys its prefix cache stored and removed since the last call (the net change: disjoint)."""
+        return [], []
+
+    def cached_tokens(self, request_id: str) -> int | None:
+        """Prompt tokens of the request its prefill found in the prefix cache (None: not known); asked once,
+        when the request's call here ends."""
+        return None

@@ -14,6 +14,11 @@ same scheduler inside an event heap, so the two produce the same iterations for 
   emulated transfer time before the request joins the running batch. ``decode`` streams its tokens.
 * ``colocated``: vLLM's default prefill-first schedule over whole prompts.
 
+Every role has a prefix cache (the scheduler's, `tetri.scheduling.prefixcache`): a prompt's full blocks
+are keyed by their tokens (`tetri.scheduling.prefix.block_keys`), and the blocks a later prompt shares
+are neither computed nor, on a decode instance that holds them, transferred. Its events go to the
+control plane's index (`cache_delta`).
+
 Before planning, the loop yields once to the clock (`sleep(0)`) so every event of the same instant
 (arrivals, transfers, releases) is in before the iteration is planned — as in the simulator.
 
@@ -35,6 +40,7 @@ from tetri.costmodel import CostModel, Profile
 from tetri.loopqueue import LoopQueue
 from tetri.scheduling.instance import ROLES, InstanceScheduler, IterationPlan, Outcome, SchedRequest
 from tetri.scheduling.policyset import PolicySet
+from tetri.scheduling.prefix import block_keys
 from workers.engines.base import (
     Engine,
     EngineError,
@@ -46,6 +52,7 @@ from workers.engines.base import (
 )
 
 TOKENS_PER_S_WINDOW_S = 1.0  # model seconds over which usage().tokens_per_s counts tokens
+CACHED_KEPT = 65_536  # requests whose cached prompt tokens are kept until asked (`cached_tokens`)
 
 
 def _prompt_key(prompt_token_ids: Sequence[int]) -> bytes:
@@ -104,6 +111,7 @@ class SimEngine(Engine):
         max_batched_tokens: int | None = None,
         policies: PolicySet | None = None,
         chunked: bool = True,
+        prefix_caching: bool = True,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown role '{role}'; known roles: {', '.join(ROLES)}")
@@ -123,7 +131,10 @@ class SimEngine(Engine):
         self.max_batched_tokens = max_batched_tokens if max_batched_tokens is not None else profile.max_batched_tokens
         # Policies: the default set uses the profile's token budget as ChunkSize.
         policies = policies if policies is not None else PolicySet(chunk_size=self.max_batched_tokens)
-        self.sched = InstanceScheduler(role, self.cost, policies, chunked=chunked, prefill_budget=max_batched_tokens)
+        self.sched = InstanceScheduler(
+            role, self.cost, policies, chunked=chunked, prefill_budget=max_batched_tokens, prefix_caching=prefix_caching
+        )
+        self.block_size = profile.block_size
         self.kv_capacity = self.sched.capacity
         self.max_num_seqs = self.sched.max_num_seqs
         self._clock = clock
@@ -133,6 +144,7 @@ class SimEngine(Engine):
         self._transfers: set[asyncio.Task[None]] = set()
         self._recent: deque[tuple[float, int]] = deque()
         self._recent_sum = 0
+        self._cached: dict[str, int] = {}  # request id -> prompt tokens its prefill found cached (asked once)
 
         # Public counters (monotonic over the engine's life); the scheduler counts the rest.
         self.iterations = 0
@@ -304,7 +316,18 @@ class SimEngine(Engine):
             heavy=u.heavy,
             light=u.light,
             predicted_growth_tokens=u.predicted_growth_tokens,
+            prefix_query_tokens=u.prefix_query_tokens,
+            prefix_hit_tokens=u.prefix_hit_tokens,
         )
+
+    def cache_keys(self) -> list[int]:
+        return self.sched.cache.keys() if self.sched.cache is not None else []
+
+    def cache_delta(self) -> tuple[list[int], list[int]]:
+        return self.sched.drain_cache_events()
+
+    def cached_tokens(self, request_id: str) -> int | None:
+        return self._cached.pop(request_id, None)
 
     # --- request bookkeeping -------------------------------------------------------------------
 
@@ -334,6 +357,7 @@ class SimEngine(Engine):
         if req.request_id in self._seqs:
             raise EngineError(f"request {req.request_id} is already active on {self.instance_id}")
         seq = _Seq(req)
+        keys = block_keys(req.prompt_token_ids, self.block_size) if self.sched.cache is not None else ()
         self.sched.add(
             SchedRequest(
                 req.request_id,
@@ -342,6 +366,7 @@ class SimEngine(Engine):
                 req.predicted_output,
                 arrival=self._clock.now(),
                 resumed=req.resumed_tokens > 0,
+                block_keys=tuple(keys),
             ),
             produced=produced,
         )
@@ -361,6 +386,7 @@ class SimEngine(Engine):
         """Remove a request wherever it is. quiet: its token stream just ends (abort), else raises `error`."""
         rid = seq.req.request_id
         self.sched.abort(rid)
+        self._cached.pop(rid, None)
         if self._seqs.get(rid) is seq:
             del self._seqs[rid]
         if seq.queue is not None:
@@ -465,8 +491,9 @@ class SimEngine(Engine):
         seq = self._seqs[rid]
         if seq.pulled is not None and not seq.pulled.done():
             seq.pulled.set_result(None)
+        # what this instance's prefix cache holds of the prompt is not transferred
         task = asyncio.get_running_loop().create_task(
-            self._transfer(rid, at + self.cost.transfer_time(seq.req.prompt_len))
+            self._transfer(rid, at + self.cost.transfer_time(self.sched.transfer_tokens(rid)))
         )
         self._transfers.add(task)
         task.add_done_callback(self._transfers.discard)
@@ -479,6 +506,11 @@ class SimEngine(Engine):
     def _deliver(self, outcome: Outcome) -> None:
         finished = set(outcome.finished)
         prefilled = set(outcome.prefilled)
+        for rid, hit in outcome.cached:
+            if rid in self._seqs:
+                self._cached[rid] = hit
+                if len(self._cached) > CACHED_KEPT:  # asked by no one (the engine driven without a worker)
+                    del self._cached[next(iter(self._cached))]
         for rid, index in outcome.tokens:
             seq = self._seqs.get(rid)
             if seq is None:
