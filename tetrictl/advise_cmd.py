@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 def _requests(
     trace: Path | None, workload: str | None, rate: float | None, n: int, seed: int, profile: str
 ) -> "list[Request]":
+    from tetri.des.sessions import SESSION_MIXES, make_sessions
     from tetri.des.trace import read_trace
     from tetri.des.workloads import WorkloadSpecError, check_workload_name, make_workload
 
@@ -48,6 +49,8 @@ def _requests(
         raise WorkloadSpecError("--workload needs --rate, requests per second (> 0)")
     if n < 1:
         raise WorkloadSpecError(f"-n must be at least 1, got {n}")
+    if workload.strip().lower() in SESSION_MIXES:
+        return make_sessions(workload.strip().lower(), n, rate, seed, max_model_len=model.max_model_len)
     return make_workload(check_workload_name(workload), n, seed, rate, max_model_len=model.max_model_len)
 
 
@@ -78,7 +81,12 @@ def describe(setup: dict[str, Any]) -> str:
 def advise_cmd(
     trace: Annotated[Path | None, typer.Option("--trace", help="A JSONL trace (tetrictl requests export).")] = None,
     workload: Annotated[
-        str | None, typer.Option("--workload", help="Or a named mix: LPLD, LPHD, HPLD, HPHD, Mixed (with --rate).")
+        str | None,
+        typer.Option(
+            "--workload",
+            help="Or a named mix (with --rate): LPLD, LPHD, HPLD, HPHD, Mixed, or one whose prompts repeat: "
+            "chat-sessions, agent, rag-docs.",
+        ),
     ] = None,
     rate: Annotated[float | None, typer.Option("--rate", help="--workload: requests per second.")] = None,
     n: Annotated[int, typer.Option("-n", help="--workload: requests.")] = 256,
@@ -121,8 +129,9 @@ def advise_cmd(
 ) -> None:
     """Recommend colocated or a P:D split with its ChunkSize, prefill order and decode admission for a
     workload, with the expected goodput, TTFT/TPOT percentiles and $ per million tokens beside the best
-    colocated setup (the simulator, the workload's own arrivals). --apply: set the policies and flip
-    instances on the live cluster to match (audited like any policy change and flip)."""
+    colocated setup (the simulator, the workload's own arrivals), and whether to route by the prefix cache
+    (cache-aware) or by load alone (least-load). --apply: set the policies and flip instances on the live
+    cluster to match (audited like any policy change and flip)."""
     from tetri.des.advise import MODES, AdviceSpec, advise
     from tetri.des.slo import parse_slos
 
@@ -181,6 +190,13 @@ def render(doc: dict[str, Any]) -> None:
         ["", "setup", "goodput (req/s)", "within SLO", "p50 TTFT", "p99 TTFT", "p50 TPOT", "p99 TPOT", "$/M tokens"],
         rows,
     )
+    routing = doc.get("routing")
+    if routing:
+        told = [
+            f"{name} {o['goodput_rps']:.3g} req/s (p50 TTFT {o['p50_ttft_s']:.3g} s)"
+            for name, o in routing["outcomes"].items()
+        ]
+        out.print(f"routing: {routing['pick']} (the advice's setup routed {'; '.join(told)})")
     applied = doc.get("applied")
     if applied:
         flips = ", ".join(f"{f['instance_id']} → {f['to_role']}" for f in applied["flips"]) or "none"
@@ -190,6 +206,8 @@ def render(doc: dict[str, Any]) -> None:
 # The policies an advice sets: the ones the simulator ran it with. The flip watcher's are the operator's.
 APPLIED = {
     "disaggregated": (
+        "routing",
+        "cache_slack",
         "prefill_policy",
         "prefill_sched_batch",
         "chunk_size",
@@ -201,6 +219,8 @@ APPLIED = {
         "reserve_point",
     ),
     "colocated": (
+        "routing",
+        "cache_slack",
         "colocated_schedule",
         "decode_admission",
         "queue_order",

@@ -20,6 +20,7 @@ import pytest
 
 from tetri.costmodel import load_profile
 from tetri.des.cluster import ClusterConfig, simulate
+from tetri.des.sessions import make_sessions
 from tetri.des.workloads import Request, make_workload
 from tetri.scheduling.instance import IterationPlan
 from tetri.scheduling.policyset import PolicySet
@@ -273,4 +274,41 @@ def test_simulator_and_live_engines_make_the_same_iterations_in_a_hybrid_cluster
     for rec in result.requests:
         routes[rec.request_id] = (rec.prefill_instance, rec.decode_instance)
     assert {entry for entry, _ in routes.values()} == {"gpu0", "gpu2"}  # both paths taken
+    _assert_same(_live(reqs, config, routes), sim)
+
+
+def _sessions(name: str, n: int, rate: float, seed: int) -> list[Request]:
+    cap = load_profile(PROFILE)
+    reqs = make_sessions(name, n, rate, seed, max_model_len=cap.model.max_model_len)
+    return [dataclasses.replace(r, max_tokens=r.output_len) for r in reqs]
+
+
+@pytest.mark.parametrize("name", ["chat-sessions", "rag-docs"])
+def test_the_prefix_caches_hit_alike_live_and_simulated_colocated(name: str):
+    """Conversations and a shared document set on one colocated instance: the live engine keys its prompts
+    on their tokens, the simulator on the trace's hash ids; the plans (each prefill starting after its
+    cached blocks, evictions, preemptions) are the same."""
+    reqs = _sessions(name, 60, rate=3.0, seed=2)
+    config = ClusterConfig(mode="vanilla", profile=PROFILE, instances=1, policy=PolicySet(colocated_schedule="vllm-v1"))
+    sim = _simulated(reqs, config)
+    assert any(p.start > 0 and p.tokens > 1 for _, plan in sim["gpu0"] for p in plan.pieces if plan.kind != "decode")
+    _assert_same(_live(reqs, config), sim)
+
+
+def test_the_prefix_caches_hit_alike_live_and_simulated_split_and_across_instances():
+    """Agent loops on 2 prefill and 2 decode instances, routed cache-aware by the simulator: the live engines
+    given the same routes hit their caches as the simulated ones (a decode instance pulls only the blocks
+    it lacks: its transfer is shorter, and the plans' times say so)."""
+    reqs = _sessions("agent", 40, rate=2.0, seed=4)
+    config = ClusterConfig(
+        mode="tetri", profile=PROFILE, instances=4, prefill_instances=2, policy=PolicySet(cache_slack=1)
+    )
+    sim: Trace = {}
+    result = simulate(
+        reqs, config, on_plan=lambda iid, t, plan: sim.setdefault(iid, []).append((t, plan)), check_kv=True
+    )
+    routes = {rec.request_id: (rec.prefill_instance, rec.decode_instance) for rec in result.requests}
+    assert {entry for entry, _ in routes.values()} == {"gpu0", "gpu1"}
+    assert sum(rec.cached_tokens for rec in result.requests) > 0  # prefill instances hit
+    assert all(i.prefix_hit_tokens > 0 for i in result.instances if i.instance_id in ("gpu2", "gpu3"))  # and decode
     _assert_same(_live(reqs, config, routes), sim)

@@ -18,6 +18,11 @@ percentile (the length alone, or the other path when theirs has more than 4 more
 `pd_backlog_slack`) and run the rest colocated (each named baseline's schedule with the TTFT target), P/D at
 the profile's ChunkSize, FCFS prefill, greedy admission, no length predictor. Beside it: TTFT and TPOT
 percentiles and the dollars per million output tokens (provisioned GPUs × the run's wall time × price).
+Every candidate routes cache-aware (`routing`, the default: on a workload whose prompts share nothing it
+routes as least-load does); the advice's setup is then run again with cache-blind least-load routing, and
+the better of the two is the advice (`routing` in the result: both outcomes and the pick), so a trace with
+repeated prefixes (hash ids: conversations, agent loops, shared documents) says what routing by the
+prefix cache buys on it.
 
 Pure: requests and a spec in, plain data out; the shell (`tetrictl advise`) reads the trace, prints,
 and with `--apply` sets the policies and flips instances on a live cluster to match.
@@ -48,6 +53,7 @@ Runner = Callable[[Sequence[Request], ClusterConfig], RunResult]
 Progress = Callable[[int, int], None]
 
 MODES = ("colocated", "disaggregated", "hybrid")
+ROUTINGS_COMPARED = ("cache-aware", "least-load")  # the advice's setup is run with each
 MIN_GPUS = {"colocated": 1, "disaggregated": 2, "hybrid": 3}
 PROMPT_QUANTILES = (0.5, 0.75, 0.9)  # hybrid: split the prompts at least as long as these shares of the workload's
 BACKLOG_SLACKS = (0, 4)  # hybrid: the length alone, or the other path past 4 more requests waiting
@@ -244,6 +250,7 @@ def advise(
     hybrid = [t for t in tried if t["mode"] == "hybrid"]
     advice = best(coloc + disagg + hybrid)  # over every setup at once (colocated first: it wins a tie)
     assert advice is not None  # AdviceSpec has at least one kind of setup, and GPUs for it
+    advice, routing = _routing(requests, spec, advice, runner, rate)
     return {
         "profile": spec.profile,
         "gpus": spec.gpus,
@@ -256,5 +263,24 @@ def advise(
         "best_colocated": colocated,
         "best_disaggregated": best_disagg,
         "best_hybrid": best(hybrid),
+        "routing": routing,
         "candidates": tried,
     }
+
+
+def _routing(
+    requests: Sequence[Request], spec: AdviceSpec, advice: dict[str, Any], runner: Runner, rate: float | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The advice's setup with each routing of `ROUTINGS_COMPARED`: the advice with the better one (cache-aware
+    on a tie), and both outcomes."""
+    outcomes: dict[str, dict[str, Any]] = {}
+    setups: dict[str, dict[str, Any]] = {}
+    for name in ROUTINGS_COMPARED:
+        pol = PolicySet(**advice["policies"]).changed(routing=name)
+        setups[name] = advice | {"policies": pol.to_dict()}
+        if pol.to_dict() == advice["policies"]:
+            outcomes[name] = advice["outcome"]
+        else:
+            outcomes[name] = outcome(runner(requests, setup_config(spec, setups[name])), spec.slo, spec.price, rate)
+    pick = max(ROUTINGS_COMPARED, key=lambda name: (score(outcomes[name]), name == "cache-aware"))
+    return setups[pick] | {"outcome": outcomes[pick]}, {"outcomes": outcomes, "pick": pick}
