@@ -22,7 +22,13 @@ from the two batches: a = CPU per request, b = CPU per output token. The client'
 (it shares the two cores, so it slows the wall clock, not the CPU seconds measured).
 
 `--event-loops asyncio,uvloop` runs every mode on each loop (TETRI_EVENT_LOOP, tetri/eventloop.py), one
-after the other in this run, so the two can be compared side by side.
+after the other in this run, so the two can be compared side by side. `--routings cache-aware,least-load`
+(the default) runs each with each routing policy: the prefix-cache index's cost is cache-aware's less
+least-load's (the sim engines report their caches either way; only cache-aware routing reads the index
+for a request). The `route µs` column is the daemon's own mean time choosing a request's entry instance
+(`tetri_route_seconds`: the index walk included), read from its /metrics (with `--fronts`: not shown).
+Every request sends the same prompt, so every block of it is in the index: the walk goes its whole length
+(`--prompt 2048` shows how the cost grows with it).
 
 Targets: the control plane (every process that is not a worker: the daemon) at most 300 µs per request
 and 10 µs per token; the workers' per-token cost not growing.
@@ -68,6 +74,17 @@ class Batch:
     chunks: int
     wall: float
     cpu: dict[str, float]  # process name -> CPU seconds, idle rate already subtracted
+
+
+def route_seconds(url: str) -> tuple[float, float]:
+    """The daemon's tetri_route_seconds sum and count (its /metrics)."""
+    total = count = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("tetri_route_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("tetri_route_seconds_count"):
+            count = float(line.split()[-1])
+    return total, count
 
 
 async def send(url: str, n: int, prompt: int, max_tokens: int, concurrency: int) -> tuple[int, int]:
@@ -140,8 +157,8 @@ def pin(pids: list[int], cores: list[int]) -> None:
 
 
 def run_mode(
-    mode: str, loop: str, fronts: int, interval: int, args: argparse.Namespace
-) -> tuple[dict[str, list[int]], dict[str, float], Batch, Batch]:
+    mode: str, loop: str, fronts: int, interval: int, routing: str, args: argparse.Namespace
+) -> tuple[dict[str, list[int]], dict[str, float], Batch, Batch, float | None]:
     roles = ["colocated"] if mode == "colocated" else ["prefill", "decode"]
     state = Path(tempfile.mkdtemp(prefix=f"tetri-cpcost-{mode}-"))
     os.environ[eventloop.ENV] = loop  # the daemon and workers inherit it
@@ -158,14 +175,20 @@ def run_mode(
         pids = control_plane_pids(cluster) | {w["role"]: [int(w["pid"])] for w in cluster.workers}
         if fronts and args.pin_fronts:
             pin(pids["front"], list(range(os.cpu_count() or 1)))
+        httpx.put(f"{cluster.url}/api/v1/policies", json={"routing": routing}, timeout=10).raise_for_status()
         time.sleep(0.5)  # one load broadcast: the prefill worker knows the decode worker
         asyncio.run(send(cluster.url, args.warmup, args.prompt, args.long, args.concurrency))
         before = {k: cpu_seconds(p) for k, p in pids.items()}
         time.sleep(args.idle_s)
         idle = {k: (cpu_seconds(p) - before[k]) / args.idle_s for k, p in pids.items()}
+        routed = route_seconds(cluster.url) if not fronts else None
         short = measure(cluster.url, pids, idle, args.requests, args.prompt, args.short, args.concurrency)
         long = measure(cluster.url, pids, idle, args.requests, args.prompt, args.long, args.concurrency)
-        return pids, idle, short, long
+        route = None
+        if routed is not None:
+            after = route_seconds(cluster.url)
+            route = (after[0] - routed[0]) / max(1.0, after[1] - routed[1])
+        return pids, idle, short, long, route
     finally:
         cluster.stop(drain_s=10)
 
@@ -195,6 +218,11 @@ def main() -> None:
     )
     ap.add_argument("--pin-fronts", action="store_true", help="pin each front to its own core (round robin)")
     ap.add_argument(
+        "--routings",
+        default="cache-aware,least-load",
+        help="comma-separated routing policies (each mode with each): cache-aware reads the prefix-cache index",
+    )
+    ap.add_argument(
         "--stream-intervals",
         default="1",
         help="comma-separated: the daemon's --stream-interval, an SSE event per N tokens (each mode with each)",
@@ -207,14 +235,14 @@ def main() -> None:
     )
     cols = [
         "mode",
-        "loop",
+        "setup",
         "process",
         "µs / request",
         "µs / token",
         f"ms / {args.short}-tok req",
         f"ms / {args.long}-tok req",
     ]
-    cols += ["idle CPU %", "req/s short", "req/s long", "tokens / SSE chunk"]
+    cols += ["idle CPU %", "req/s short", "req/s long", "tokens / SSE chunk", "route µs"]
     for i, c in enumerate(cols):
         t.add_column(c, justify="left" if i < 3 else "right")
     loops = [x.strip() for x in args.event_loops.split(",") if x.strip()]
@@ -225,9 +253,19 @@ def main() -> None:
     intervals = [int(x) for x in args.stream_intervals.split(",") if x.strip()]
     if not intervals or min(intervals) < 1:
         ap.error("--stream-intervals: each at least 1")
-    runs = [(m, lp, f, i) for m in args.modes.split(",") if m for lp in loops for f in fronts for i in intervals]
-    for mode, loop, nf, interval in runs:
-        pids, idle, short, long = run_mode(mode, loop, nf, interval, args)
+    routings = [x.strip() for x in args.routings.split(",") if x.strip()]
+    runs = [
+        (m, lp, f, i, r)
+        for m in args.modes.split(",")
+        if m
+        for lp in loops
+        for f in fronts
+        for i in intervals
+        for r in routings
+    ]
+    per_request: dict[tuple[str, str, int, int, str], float] = {}
+    for mode, loop, nf, interval, routing in runs:
+        pids, idle, short, long, route = run_mode(mode, loop, nf, interval, routing, args)
         plane = [k for k in pids if k in CONTROL_PLANE]
         workers = [k for k in pids if k not in CONTROL_PLANE]
         groups = [[k] for k in pids] + [plane, workers, list(pids)]
@@ -242,7 +280,7 @@ def main() -> None:
             name = f"{label} ×{len(pids[label])}" if label in pids and len(pids[label]) > 1 else label
             row = [
                 mode if first else "",
-                _setup(loop, nf, interval) if first else "",
+                f"{_setup(loop, nf, interval)}, {routing}" if first else "",
                 f"[b]{name}[/b]" if total else name,
                 f"{a * 1e6:,.0f}",
                 f"{b * 1e6:,.1f}",
@@ -252,7 +290,10 @@ def main() -> None:
                 f"{short.requests / short.wall:,.0f}" if total else "",
                 f"{long.requests / long.wall:,.0f}" if total else "",
                 f"{short.tokens / max(1, short.chunks):.2f} / {long.tokens / max(1, long.chunks):.2f}" if total else "",
+                f"{route * 1e6:.1f}" if total and route is not None else "",
             ]
+            if names == plane:
+                per_request[(mode, loop, nf, interval, routing)] = a
             if names == plane:
                 row[2] += " [green](meets target)[/green]" if ok else " [red](misses target)[/red]"
             t.add_row(*row)
@@ -260,6 +301,11 @@ def main() -> None:
         t.add_section()
     Console(width=170).print(t)
     print("target: the control plane (every process that is not a worker) ≤ 300 µs per request and ≤ 10 µs per token")
+    for (mode, loop, nf, interval, routing), a in per_request.items():
+        base = per_request.get((mode, loop, nf, interval, "least-load"))
+        if routing != "least-load" and base:
+            setup = f"{mode}, {_setup(loop, nf, interval)}"
+            print(f"{setup}: {routing} / least-load, control-plane CPU per request = {a / base:.2f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ no new work either — no new prompts, no new hand-overs (broadcasts and fronts'
 — whatever it reports, until `uncordon`; what runs there runs to completion. The flag lives in this
 registry only: it survives a re-registration, and the instance's removal (it comes back cordoned), not
 a restart of the daemon.
+The prefix-cache index (`cache`, `tetri.scheduling.cacheindex`): which prompt blocks each instance's
+engine holds, fed by the batches of cache events on its load reports (a registration starts its entry
+afresh: the worker's next report carries its whole cache; a removal drops it); a front follows its
+controller's through the view stream (`follow`, `ClusterView.cache`). Routing (`entry`) reads it under
+the `routing` policy.
+
 Everything here is plain data: the ControlPlane gRPC service (`daemon.grpc_edge`) converts the wire
 messages to and from these classes.
 
@@ -26,15 +32,16 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tetri.clock import ClusterClock
+from tetri.scheduling.cacheindex import CacheEvents, CacheIndex, Change
 from tetri.scheduling.flip import ROLES as FLIP_ROLES
 from tetri.scheduling.flip import leaves_unserved
 from tetri.scheduling.minindex import MinIndex
 from tetri.scheduling.policyset import PolicySet
-from tetri.scheduling.routing import InstanceLoad, choose_path, load_key
+from tetri.scheduling.routing import InstanceLoad, cache_aware, choose_path, load_key, round_robin
 
 from .db.writer import BatchWriter
 
@@ -62,6 +69,8 @@ class LoadReport:
     predicted_growth_tokens: int = 0
     policy_version: int = 0
     held_kv_tokens: int = 0  # prefill: KV not yet pulled by a decode instance (inside kv_used_tokens)
+    prefix_query_tokens: int = 0  # its prefix cache over the engine's life: prompt tokens looked up,
+    prefix_hit_tokens: int = 0  # and found cached
 
 
 # what a report says, as opposed to when (the worker's timestamp): a decode instance's report that says
@@ -83,6 +92,7 @@ class Registration:
     kv_capacity_tokens: int
     vocab_size: int = 0  # 0: unknown (then token ids are only checked against int32)
     tokenizer: str = ""  # where the daemon loads the model's tokenizer (daemon.tokenizer.load_tokenizer)
+    block_size: int = 0  # its engine's KV block size (the prefix cache's blocks); 0: unknown
 
     def refusal(self) -> str | None:
         """Why the daemon refuses this registration (None: it accepts it)."""
@@ -133,6 +143,11 @@ class ClusterView:
     time_scale: float
     admin_url: str = ""  # the controller's HTTP API (policy changes and flips go there)
     settled: bool = True  # False: the controller started less than its dead-after time ago (see `follow`)
+    # the controller's prefix-cache index, relayed: its changes since the stream's last message, or all of
+    # it (`cache_snapshot`: forget what you had); `cache_only`: this message says nothing else
+    cache: list[Change] = field(default_factory=list)
+    cache_snapshot: bool = False
+    cache_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +170,7 @@ class Instance:
     kv_capacity_tokens: int
     vocab_size: int = 0
     tokenizer: str = ""  # where the model's tokenizer is (as it registered)
+    block_size: int = 0  # its engine's KV block size (as it registered)
     state: str = "active"  # active | draining | flipping | unhealthy
     last_report: float = 0.0  # cluster clock of the last report (or of the registration)
     load: LoadReport = field(default_factory=LoadReport)
@@ -169,7 +185,7 @@ class Instance:
     def registration(self) -> Registration:
         """The instance as it would register now (in its present role)."""
         r = (self.id, self.role, self.address, self.model, self.max_model_len, self.kv_capacity_tokens)
-        return Registration(*r, self.vocab_size, self.tokenizer)
+        return Registration(*r, self.vocab_size, self.tokenizer, self.block_size)
 
     def snapshot(self) -> InstanceLoad:
         return InstanceLoad(
@@ -230,6 +246,9 @@ class Instance:
             "preemptions": ld.preemptions,
             "policy_version": ld.policy_version,
             "last_report_age_s": max(0.0, now - self.last_report),
+            "prefix_query_tokens": ld.prefix_query_tokens,
+            "prefix_hit_tokens": ld.prefix_hit_tokens,
+            "prefix_hit_ratio": ld.prefix_hit_tokens / ld.prefix_query_tokens if ld.prefix_query_tokens else None,
         }
 
 
@@ -272,13 +291,15 @@ class Cluster:
         self.changes = 0  # counts what a front's view would show differently (reports, registry, states)
         self.started = self.clock.now()
         self._followed_policies = ""  # a front: the policies of the last view it followed, as sent
+        self.cache = CacheIndex()  # which prompt blocks each instance's prefix cache holds
+        self._turns: Counter[tuple[str, str]] = Counter()  # round-robin's turn per (role, model)
 
     def instance_dicts(self) -> list[dict[str, object]]:
         now, settle = self.clock.now(), self.drain_settle_s()
-        return [i.to_dict(now, settle) for i in self.instances.values()]
+        return [i.to_dict(now, settle) | {"index_blocks": self.cache.blocks(i.id)} for i in self.instances.values()]
 
     def instance_dict(self, inst: Instance) -> dict[str, object]:
-        return inst.to_dict(self.clock.now(), self.drain_settle_s())
+        return inst.to_dict(self.clock.now(), self.drain_settle_s()) | {"index_blocks": self.cache.blocks(inst.id)}
 
     def drain_settle_s(self) -> float:
         """How long after a cordon (cluster clock) a load report shows what the cordon left there: one
@@ -297,8 +318,9 @@ class Cluster:
             return f"instance id {reg.instance_id!r} is held by a live worker at {old.address}"
         return reg.refusal()
 
-    def register(self, reg: Registration) -> Instance:
-        """Add (or renew) an instance; call `refusal` first."""
+    def register(self, reg: Registration, relearn: bool = True) -> Instance:
+        """Add (or renew) an instance; call `refusal` first. `relearn`: its prefix-cache entry starts afresh
+        (the worker's next report carries its whole cache); a front's follows the controller's instead."""
         inst = Instance(
             reg.instance_id,
             reg.role,
@@ -308,10 +330,15 @@ class Cluster:
             reg.kv_capacity_tokens,
             reg.vocab_size,
             reg.tokenizer,
+            reg.block_size,
             last_report=self.clock.now(),
         )
         old = self.instances.get(reg.instance_id)
         self.invalidate()
+        if relearn:  # its cache as the worker tells it from now: its next report's batch is the whole of it
+            self.cache.drop(inst.id)
+        blocks = reg.kv_capacity_tokens // reg.block_size if reg.block_size else 0
+        self.cache.limit(inst.id, reg.block_size, blocks)
         if old is not None:  # renewed in place: requests in flight there keep counting on this entry
             inst.inflight = old.inflight
             inst.cordoned, inst.cordoned_at = old.cordoned, old.cordoned_at  # an operator's word stands
@@ -322,11 +349,14 @@ class Cluster:
         self.instances[inst.id] = inst
         return inst
 
-    def report(self, msg: LoadReport) -> bool:
-        """Take a load report; False when the instance is not registered (removed as dead)."""
+    def report(self, msg: LoadReport, cache: CacheEvents | None = None) -> bool:
+        """Take a load report (and its batch of prefix-cache events); False when the instance is not
+        registered (removed as dead)."""
         inst = self.instances.get(msg.instance_id)
         if inst is None:
             return False
+        if cache is not None:
+            self.cache.apply(inst.id, cache)
         now = self.clock.now()
         if inst.role == "decode" and self._news_at is None and _says_more(inst.load, msg):
             self._news_at = now
@@ -375,6 +405,7 @@ class Cluster:
             silent = now - inst.last_report
             if silent > dead:
                 del self.instances[inst.id]
+                self.cache.drop(inst.id)
                 self.invalidate()
                 log.warning("instance %s silent for %.1f s: removed", inst.id, self.dead_after_s)
                 if self.on_removed is not None:
@@ -484,37 +515,69 @@ class Cluster:
         self,
         model: str,
         exclude: frozenset[str] = frozenset(),
-        prompt_len: int = 0,
+        prompt: Sequence[int] = (),
         predicted: tuple[int, int] | None = None,
         split: bool = False,
     ) -> Instance | None:
-        """Where a request for `model` starts (TetriInfer §3.2): the least-loaded active colocated instance,
-        or the least-loaded active prefill instance provided an active decode instance can take its
-        hand-over (cordoned ones count as none); none of `exclude`. When the model has both, the policies'
-        `pd_route` chooses between them for this request (`choose_path`: its prompt length, predicted output
-        range and the two entries' loads); `split`: only a prefill instance (the request names its decode
-        instance). None: no instance can take it now."""
+        """Where a request for `model` with this `prompt` (token ids) starts (TetriInfer §3.2): an active
+        colocated instance, or an active prefill instance provided an active decode instance can take its
+        hand-over (cordoned ones count as none); none of `exclude`. Among the instances of a role, the
+        `routing` policy chooses (`_pick`: cache-aware, least-load or round-robin). When the model has both
+        roles, the policies' `pd_route` chooses between them for this request (`choose_path`: the tokens
+        the colocated entry would compute, the predicted output range and the two entries' loads); `split`:
+        only a prefill instance (the request names its decode instance). None: no instance can take it now."""
         routes = self._index()
         colocated = None if split else routes.get(("colocated", model))
-        c = colocated.best(exclude) if colocated else None
+        c = self._pick(colocated, exclude, prompt) if colocated else None
         prefill = routes.get(("prefill", model)) if routes.get(("decode", model)) else None
-        p = prefill.best(exclude) if prefill else None
+        p = self._pick(prefill, exclude, prompt) if prefill else None
+        pick = c if c is not None else p
         if c is not None and p is not None:
             pol = self.policies
-            c_load, p_load = self.instances[c].snapshot(), self.instances[p].snapshot()
             path = choose_path(
                 pol.pd_route,
-                prompt_len,
+                len(prompt) - c[1],  # what the colocated entry would compute
                 predicted,
-                c_load,
-                p_load,
+                self.instances[c[0]].snapshot(),
+                self.instances[p[0]].snapshot(),
                 pol.pd_prompt_tokens,
                 pol.pd_output_tokens,
                 pol.pd_backlog_slack,
             )
-            return self.instances[c if path == "colocated" else p]
-        pick = c if c is not None else p
-        return None if pick is None else self.instances[pick]
+            pick = c if path == "colocated" else p
+        if pick is None:
+            return None
+        inst = self.instances[pick[0]]
+        if self.policies.routing == "round-robin":
+            self._turns[(inst.role, model)] += 1
+        return inst
+
+    def _pick(self, idx: MinIndex, exclude: frozenset[str], prompt: Sequence[int]) -> tuple[str, int] | None:
+        """One role's instance for a request (`tetri.scheduling.routing`'s rule for the `routing` policy),
+        and the prompt tokens its prefix cache holds; None when none can take it."""
+        least = idx.best(exclude)
+        if least is None:
+            return None
+        pol = self.policies
+        candidates = [iid for iid in idx if iid not in exclude] if exclude else list(idx)
+        chosen = least
+        held: dict[str, int] = {}
+        if pol.routing == "cache-aware" and prompt:
+            held = self._held(prompt, candidates)
+            if held:
+                with_hits = [(self.instances[iid].snapshot(), n) for iid, n in held.items()]
+                chosen = cache_aware(self.instances[least].snapshot(), with_hits, pol.cache_slack).instance_id
+        elif pol.routing == "round-robin":
+            inst = self.instances[least]
+            chosen = round_robin(candidates, self._turns[(inst.role, inst.model)]) or least
+        if pol.routing != "cache-aware" and prompt and self.policies.pd_route == "length":
+            held = self._held(prompt, [chosen])  # what it holds still counts for the P/D choice
+        return chosen, held.get(chosen, 0)
+
+    def _held(self, prompt: Sequence[int], candidates: Sequence[str]) -> dict[str, int]:
+        """Prompt tokens each candidate's prefix cache holds (those holding some), from the index."""
+        blocks = self.cache.match(prompt, candidates)
+        return {iid: n * self.cache.block_size(iid) for iid, n in blocks.items()}
 
     def catalog(self) -> dict[str, ModelEntry]:
         """Each registered model's entry (`ModelEntry`), rebuilt only after the registry changes."""
@@ -599,6 +662,13 @@ class Cluster:
             settled=self.clock.now() - self.started >= self.clock.model_seconds(self.dead_after_s),
         )
 
+    def follow_cache(self, view: ClusterView) -> None:
+        """A front takes the index changes a view message relays (its controller's, in order)."""
+        if view.cache_snapshot:
+            self.cache.forget_all()
+        for change in view.cache:
+            self.cache.replay(change)
+
     def follow(self, view: ClusterView) -> list[Instance]:
         """A front takes the controller's view: instances new (or re-registered at another address) are
         registered, each one's state, role and load become the view's (one this front found failing stays
@@ -606,13 +676,21 @@ class Cluster:
         (unless the view is not settled: a controller that just started does not know every live worker
         yet), and the policies are the view's. The front's own counts of requests routed to each instance
         stay. Returns the instances registered by this view."""
+        if view.cache_only:
+            self.follow_cache(view)
+            return []
         now = self.clock.now()
         new: list[Instance] = []
         for s in view.instances:
             reg = s.registration
             inst = self.instances.get(reg.instance_id)
-            if inst is None or (inst.address, inst.model, inst.tokenizer) != (reg.address, reg.model, reg.tokenizer):
-                inst = self.register(reg)
+            if inst is None or (inst.address, inst.model, inst.tokenizer, inst.block_size) != (
+                reg.address,
+                reg.model,
+                reg.tokenizer,
+                reg.block_size,
+            ):
+                inst = self.register(reg, relearn=False)
                 new.append(inst)
             # a call that failed here marked it unhealthy (`suspect`): so it stays until it reports again
             cordoned = s.state == "cordoned"
@@ -629,9 +707,11 @@ class Cluster:
         seen = {s.registration.instance_id for s in view.instances}
         for gone in [i for i in self.instances.values() if i.id not in seen and view.settled]:
             del self.instances[gone.id]
+            self.cache.drop(gone.id)
             self.invalidate()
             if self.on_removed is not None:
                 self.on_removed(gone)
+        self.follow_cache(view)
         if (view.policy_version, view.policies_json) != (self.policy_version, self._followed_policies):
             self.policies = PolicySet(**json.loads(view.policies_json))
             self.policy_version, self._followed_policies = view.policy_version, view.policies_json

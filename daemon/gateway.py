@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 
 from tetri.sampling import GREEDY, Sampling
 
@@ -92,12 +93,12 @@ class Gateway:
         self,
         model: str,
         exclude: frozenset[str] = frozenset(),
-        prompt_len: int = 0,
+        prompt: Sequence[int] = (),
         predicted: tuple[int, int] | None = None,
         split: bool = False,
     ) -> Instance:
         started = time.perf_counter()
-        inst = self.cluster.entry(model, exclude, prompt_len, predicted, split)
+        inst = self.cluster.entry(model, exclude, prompt, predicted, split)
         if inst is None:
             raise NoInstance("no healthy instance can serve the request (need prefill + decode, or colocated)")
         self.metrics.route.observe(time.perf_counter() - started)
@@ -184,6 +185,8 @@ class Gateway:
         finally:
             end = end or Failed("stream ended without a result")
             self._finish(fl, end)
+        if isinstance(end, Finished):
+            end.cached_tokens = fl.cached_tokens
         return end
 
     def _finish(self, fl: Inflight, end: Finished | Failed) -> None:
@@ -216,6 +219,7 @@ class Gateway:
             ttft_ms=fl.ttft_ms,
             decode_start_ts=fl.decode_start_ts,
             kv_loaded_tokens=fl.kv_loaded_tokens,
+            cached_tokens=fl.cached_tokens,
             migrations=fl.migrations,
             migrated_from=",".join(fl.migrated_from)[-256:] or None,
             finished_ts=now,
@@ -248,20 +252,20 @@ class Gateway:
         self,
         fl: Inflight,
         exclude: frozenset[str],
-        prompt_len: int = 0,
+        prompt: Sequence[int] = (),
         predicted: tuple[int, int] | None = None,
         split: bool = False,
     ) -> Instance | str:
         """The entry instance for this attempt, or why there is none. A migrating request waits up to
         `migration_wait_s` for one (a worker restarting); a new request up to `entry_wait_s` while its
         model's instances are registered but none can take it now (a load report late on a busy host, a
-        flip, a drain), and not at all when they are not. `prompt_len` and `predicted` (what is left of the
-        predicted range) choose colocated or split where the model has both (`Cluster.entry`); `split` (a
-        decode instance pinned) only split."""
+        flip, a drain), and not at all when they are not. The `prompt` (what the prefix caches hold of it)
+        and `predicted` (what is left of the predicted range) choose the instance and colocated or split
+        where the model has both (`Cluster.entry`); `split` (a decode instance pinned) only split."""
         start = time.monotonic()
         while True:
             try:
-                return self.pick_entry(fl.model, exclude, prompt_len, predicted, split)
+                return self.pick_entry(fl.model, exclude, prompt, predicted, split)
             except NoInstance as e:
                 wait = self.migration_wait_s if fl.migrations else self.entry_wait_s * self.registered(fl.model)
                 if time.monotonic() - start >= wait or fl.cancelled or fl.interrupted:

@@ -16,6 +16,7 @@ import grpc
 
 from tetri.proto import pb, rpc
 from tetri.proto.security import NO_TLS, PortInUse, Tls, make_server
+from tetri.scheduling.cacheindex import CacheEvents, Change
 
 from .cluster import Cluster, ClusterView, DecodeBroadcast, Instance, InstanceState, LoadReport, Registration
 
@@ -49,6 +50,7 @@ def registration_from_pb(msg: pb.RegisterRequest) -> Registration:
         msg.kv_capacity_tokens,
         msg.vocab_size,
         msg.tokenizer,
+        msg.block_size,
     )
 
 
@@ -57,6 +59,22 @@ _REGISTRATION_FIELDS = tuple(f.name for f in dataclasses.fields(Registration))
 
 def registration_to_pb(r: Registration) -> pb.RegisterRequest:
     return pb.RegisterRequest(**{name: getattr(r, name) for name in _REGISTRATION_FIELDS})
+
+
+def cache_from_pb(msg: pb.CacheEvents) -> CacheEvents:
+    return CacheEvents(msg.epoch, msg.seq, msg.reset, tuple(msg.stored), tuple(msg.removed), msg.block_size)
+
+
+def changes_to_pb(changes: list[Change]) -> list[pb.CacheChange]:
+    return [
+        pb.CacheChange(instance_id=c.instance, reset=c.reset, dropped=c.dropped, stored=c.stored, removed=c.removed)
+        for c in changes
+    ]
+
+
+def cache_view_pb(changes: list[Change], snapshot: bool) -> pb.ClusterView:
+    """A view message that relays index changes only."""
+    return pb.ClusterView(cache=changes_to_pb(changes), cache_snapshot=snapshot, cache_only=True)
 
 
 def view_to_pb(v: ClusterView) -> pb.ClusterView:
@@ -71,6 +89,9 @@ def view_to_pb(v: ClusterView) -> pb.ClusterView:
         time_scale=v.time_scale,
         admin_url=v.admin_url,
         settled=v.settled,
+        cache=changes_to_pb(v.cache),
+        cache_snapshot=v.cache_snapshot,
+        cache_only=v.cache_only,
     )
 
 
@@ -83,6 +104,9 @@ def view_from_pb(msg: pb.ClusterView) -> ClusterView:
         msg.time_scale,
         msg.admin_url,
         msg.settled,
+        [Change(0, c.instance_id, c.reset, tuple(c.stored), tuple(c.removed), c.dropped) for c in msg.cache],
+        msg.cache_snapshot,
+        msg.cache_only,
     )
 
 
@@ -133,10 +157,17 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
             self.on_front(front, True)
         try:
             sent = -1
+            cursor: int | None = None  # the last index change relayed here (None: none, a snapshot first)
             while True:
                 if self.cluster.changes != sent:
                     sent = self.cluster.changes
                     yield self._view(sent)
+                index = self.cluster.cache
+                if cursor != index.cursor:  # the prefix-cache index changed: what this front has not seen
+                    changes = None if cursor is None else index.since(cursor)
+                    snapshot = changes is None  # new here, or fallen behind the log: the whole index
+                    cursor = index.cursor
+                    yield cache_view_pb(index.snapshot() if changes is None else changes, snapshot)
                 await asyncio.sleep(self.cluster.report_interval_s / 2)
         finally:
             if self.on_front is not None:
@@ -159,7 +190,8 @@ class ControlPlaneService(rpc.ControlPlaneServicer):
         sent = None  # the last answer on this stream: the worker keeps it until a newer one comes
         async for report in request_iterator:
             started = time.perf_counter()
-            if not self.cluster.report(load_from_pb(report)):
+            cache = cache_from_pb(report.cache) if report.HasField("cache") else None
+            if not self.cluster.report(load_from_pb(report), cache):
                 # removed as dead (or never registered): the worker's link registers again
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"instance {report.instance_id!r} is not registered")
             b = self.cluster.answer(report.role, report.policy_version)

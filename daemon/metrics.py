@@ -30,7 +30,7 @@ class _ClusterCollector(Collector):
     def __init__(self, source: Callable[[], tuple[list[dict[str, Any]], dict[str, int]]]) -> None:
         self.source = source
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         instances, phases = self.source()
         depth = GaugeMetricFamily("tetri_queue_depth", "Requests in flight by phase", labels=["phase"])
         for phase in IN_FLIGHT:  # every phase, 0 included: a series that vanishes at 0 graphs as a gap
@@ -51,6 +51,33 @@ class _ClusterCollector(Collector):
                 value = (1.0 if inst["state"] == "active" else 0.0) if key is None else float(inst[key])
                 g.add_metric([inst["id"], inst["role"]], value)
             yield g
+        # each engine's own prefix-cache counters, as its load reports give them (vLLM's prefix_cache_queries
+        # and prefix_cache_hits, in tokens): *_total series, reset when the engine restarts
+        counters = [
+            (
+                "tetri_prefix_cache_query_tokens",
+                "Prompt tokens looked up in the instance's prefix cache",
+                "prefix_query_tokens",
+            ),
+            (
+                "tetri_prefix_cache_hit_tokens",
+                "Prompt tokens found in the instance's prefix cache",
+                "prefix_hit_tokens",
+            ),
+        ]
+        for name, doc, key in counters:
+            c = CounterMetricFamily(name, doc, labels=["instance"])
+            for inst in instances:
+                c.add_metric([inst["id"]], float(inst[key]))
+            yield c
+        index = GaugeMetricFamily(
+            "tetri_prefix_index_blocks",
+            "Blocks the control plane's index says the instance's prefix cache holds",
+            labels=["instance"],
+        )
+        for inst in instances:
+            index.add_metric([inst["id"]], float(inst.get("index_blocks", 0)))
+        yield index
 
 
 class Tally(Collector):

@@ -38,6 +38,7 @@ ENTRY_ATTEMPTS = 3  # entry instances tried when they refuse before starting any
 class Finished:
     reason: str  # "length" | "stop" | "cancelled"
     completion_tokens: int
+    cached_tokens: int | None = None  # prompt tokens its prefill found in the prefix cache (None: not known)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Inflight:
     first_token_ts: float | None = None
     decode_start_ts: float | None = None
     kv_loaded_tokens: int | None = None  # prompt tokens the decode instance took with the hand-over
+    cached_tokens: int | None = None  # prompt tokens its prefill found in the entry instance's prefix cache
     produced: int = 0
     cancelled: bool = False
     predicted: tuple[int, int] | None = None
@@ -257,7 +259,7 @@ class Run:
         while True:
             # a lost instance is out of routing (unhealthy) until it reports again: a worker restarted under
             # the same id is a candidate again
-            entry = await gw.entry(fl, frozenset(refused), len(prompt), predicted, split=bool(pin))
+            entry = await gw.entry(fl, frozenset(refused), prompt, predicted, split=bool(pin))
             if fl.interrupted:
                 return Failed(fl.interrupted, Status.INTERRUPTED)
             if isinstance(entry, str):
@@ -320,6 +322,8 @@ class Run:
             return _Lost(name, f"instance {name} failed mid-request: {ev.code}")
         if not isinstance(ev, TokenChunk):
             return ev  # a stop token or string (or a fault in its output) ended it
+        if fl.phase is Phase.PREFILL and ev.cached_tokens >= 0:  # the entry call's end (colocated, or the hand-off)
+            fl.cached_tokens = ev.cached_tokens
         if ev.handoff is not None:
             return ev.handoff
         if fl.phase in (Phase.TRANSFER, Phase.DECODE) and ev.kv_loaded_tokens >= 0:

@@ -68,6 +68,7 @@ class TokenChunk:
     handoff: Handoff | None = None
     error: str = ""
     kv_loaded_tokens: int = 0  # decode worker's last chunk: prompt tokens whose KV came with the hand-over; -1 unknown
+    cached_tokens: int = -1  # an entry call's end (colocated, or the hand-off): prompt tokens its prefix cache held
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,14 @@ class WorkerInfo:
 def _chunk(c: pb.TokenChunk) -> TokenChunk:
     handoff = Handoff(c.handoff.decode_instance_id, c.handoff.decode_address) if c.HasField("handoff") else None
     return TokenChunk(
-        c.request_id, list(c.token_ids), c.finished, c.finish_reason, handoff, c.error, c.kv_loaded_tokens
+        c.request_id,
+        list(c.token_ids),
+        c.finished,
+        c.finish_reason,
+        handoff,
+        c.error,
+        c.kv_loaded_tokens,
+        c.cached_tokens,
     )
 
 

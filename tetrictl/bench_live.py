@@ -22,7 +22,7 @@ from pathlib import Path
 from tetri.des.cluster import ClusterConfig
 from tetri.des.experiments import Runner
 from tetri.des.records import InstanceRecord, RejectedRecord, RequestRecord, RunResult
-from tetri.des.workloads import Request
+from tetri.des.workloads import Request, replay_tokens
 
 from .client import Refused, Target, TetriClient
 from .procs import start_local_cluster
@@ -49,7 +49,7 @@ async def _replay(
         await asyncio.sleep(max(0.0, r.arrival / scale - (time.monotonic() - t0)))
         body = {
             "model": "tetri-sim",
-            "prompt": [1 + (i % 250) for i in range(r.prompt_len)],
+            "prompt": replay_tokens(r),  # as shared with others as its hash ids say, else its own
             "max_tokens": r.output_len,
         }
         if keep_ids:

@@ -168,6 +168,22 @@ def set_(
             "waiting (0: the length alone decides).",
         ),
     ] = None,
+    routing: Annotated[
+        str | None,
+        typer.Option(
+            "--routing",
+            help="The entry instance: cache-aware (the one holding most of the prompt in its prefix cache, within "
+            "--cache-slack of the least loaded), least-load, or round-robin.",
+        ),
+    ] = None,
+    cache_slack: Annotated[
+        int | None,
+        typer.Option(
+            "--cache-slack",
+            help="--routing cache-aware: an instance holding the prompt's prefix is chosen only while it has at most "
+            "this many more requests waiting or running than the least loaded.",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
@@ -196,6 +212,8 @@ def set_(
         "pd_prompt_tokens": pd_prompt_tokens,
         "pd_output_tokens": pd_output_tokens,
         "pd_backlog_slack": pd_backlog_slack,
+        "routing": routing,
+        "cache_slack": cache_slack,
     }
     if advice is not None and policies is None:
         fail("--advice goes with --policies advised")
@@ -205,7 +223,7 @@ def set_(
         fail(
             "nothing to set: give --policies NAME or at least one of --prefill --sched-batch --chunk --predictor"
             " --dispatch --decode --reserve-point --colocated-schedule --queue-order --aging --ttft-target"
-            " --ttft-miss --token-budget --pd-route …"
+            " --ttft-miss --token-budget --pd-route --routing …"
         )
 
     async def body(c: TetriClient) -> dict[str, Any]:

@@ -19,7 +19,16 @@ requests_app = typer.Typer(help="Requests in the status table.", no_args_is_help
 
 PHASES = ("queued", "prefill", "transfer", "decode", "done")
 STATUSES = ("running", "finished", "failed", "cancelled", "rejected", "interrupted")
-INSTANCE_COLUMNS = ("id", "role", "state", "queued", "running", "KV %", "tokens/s", "preempt", "report age")
+INSTANCE_COLUMNS = (
+    "id", "role", "state", "queued", "running", "KV %", "cache hit", "tokens/s", "preempt", "report age"
+)  # fmt: skip
+
+
+def hit_text(i: dict[str, Any]) -> str:
+    """The instance's prefix-cache hit ratio (prompt tokens found cached over those looked up, over its
+    engine's life); — before it looked any up."""
+    ratio = i.get("prefix_hit_ratio")
+    return "—" if ratio is None else f"{100 * ratio:.0f}%"
 
 
 def state_word(i: dict[str, Any]) -> str:
@@ -35,6 +44,7 @@ def instance_row(i: dict[str, Any]) -> list[Any]:
         i["queued"],
         i["running"],
         f"{100 * i['kv_usage']:.0f}%",
+        hit_text(i),
         round(i["tokens_per_s"], 1),
         i["preemptions"],
         f"{i['last_report_age_s']:.1f}s",
@@ -89,7 +99,7 @@ def status(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = No
         out.print(
             f"policies: prefill {p['prefill_policy']} (batch {p['prefill_sched_batch']}, chunk {p['chunk_size']}), "
             f"predictor {p['predictor']}, dispatch {p['dispatch']}, decode {p['decode_admission']}, "
-            f"flips {p['flip_policy']}, route {p.get('pd_route', 'role')}"
+            f"flips {p['flip_policy']}, route {p.get('pd_route', 'role')}, routing {p.get('routing', 'least-load')}"
         )
         table("instances", INSTANCE_COLUMNS, [instance_row(i) for i in d["instance_list"]])
 

@@ -56,6 +56,7 @@ class ControlLink:
                 kv_capacity_tokens=u.kv_capacity_tokens,
                 vocab_size=self.service.engine.vocab_size,
                 tokenizer=self.service.engine.tokenizer,
+                block_size=self.service.engine.block_size,
             ),
             metadata=auth_metadata(self.token),
             timeout=5,
@@ -68,8 +69,9 @@ class ControlLink:
         # the first report at once, the second after a random part of an interval: instances that
         # registered together (a worker process hosting several, a cluster starting) do not report in step
         wait = random.uniform(0.0, self.interval)
+        self.service.cache_stream(random.getrandbits(63))  # a new stream: the daemon relearns the whole cache
         while not self._stop.is_set():
-            yield self.service.load_report(self._now())
+            yield self.service.load_report(self._now(), cache=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), wait)
             wait = self.interval

@@ -196,6 +196,9 @@ class WorkerService(rpc.WorkerServicer):
         self.policy_version = 0
         self.predictor: LengthPredictor | None = None
         self.plan_loaded = False  # decode: admitting in the order of a Sorted-F plan (SetPlan)
+        # the prefix cache's events on the report stream (`cache_events`): the stream's epoch, the last
+        # batch's number, and whether the next batch must be the engine's whole cache
+        self._cache_epoch, self._cache_seq, self._cache_reset = 0, -1, True
 
     # --- policies (hot-swap) -------------------------------------------------------------------------
     def on_broadcast(self, msg: pb.DecodeLoadBroadcast) -> None:
@@ -338,6 +341,8 @@ class WorkerService(rpc.WorkerServicer):
             pump = asyncio.create_task(_pump(self.engine.generate(req), queue))
             try:
                 async for chunk in _chunks(req.request_id, queue, 0, req.max_tokens):
+                    if type(chunk) is not list:  # its end: how much of its prompt the prefix cache held
+                        chunk.cached_tokens = self._cached(req.request_id)  # type: ignore[union-attr]
                     yield chunk
             finally:
                 self.generating.pop(req.request_id, None)
@@ -377,13 +382,18 @@ class WorkerService(rpc.WorkerServicer):
         except asyncio.CancelledError:
             await self.engine.abort(rid)
             raise
+        cached = self._cached(rid)
         if req.max_tokens <= 1 or out.first_token in req.sampling.stop_token_ids:
             await self.engine.release_kv(rid)
             reason = "length" if out.first_token not in req.sampling.stop_token_ids else "stop"
-            yield pb.TokenChunk(request_id=rid, token_ids=[out.first_token], finished=True, finish_reason=reason)
+            yield pb.TokenChunk(
+                request_id=rid, token_ids=[out.first_token], finished=True, finish_reason=reason, cached_tokens=cached
+            )
             return
         try:  # from here the prompt's KV is held here until the hand-over ends, however it ends
             async for chunk in self._hand_over(request, rid, out.first_token, out.kv):
+                if type(chunk) is not list:
+                    chunk.cached_tokens = cached  # type: ignore[union-attr]
                 yield chunk
         finally:
             await self.engine.release_kv(rid)
@@ -589,6 +599,7 @@ class WorkerService(rpc.WorkerServicer):
             await new.start()
             freeze_startup_heap()  # the new engine's heap too
             self.engine, self.role = new, to
+            self._cache_reset = True  # a new engine, a new (empty) prefix cache: the next batch says so
             self.apply_policies(self.policies, self.policy_version)
             await old.stop()
         self.state = "active"
@@ -619,9 +630,43 @@ class WorkerService(rpc.WorkerServicer):
         u = self.engine.usage()
         return bool(u.running or u.waiting)
 
-    def load_report(self, now: float) -> pb.LoadReport:
+    def _cached(self, rid: str) -> int:
+        """Prompt tokens of the request its prefill found in the prefix cache; -1 when unknown."""
+        n = self.engine.cached_tokens(rid)
+        return -1 if n is None else int(n)
+
+    def cache_stream(self, epoch: int) -> None:
+        """A new report stream (a new connection to the daemon): its first batch is the whole cache."""
+        self._cache_epoch, self._cache_seq, self._cache_reset = epoch, -1, True
+
+    def cache_events(self) -> pb.CacheEvents | None:
+        """The next batch of prefix-cache events for the report stream: the engine's whole cache when the
+        stream is new or the engine is (a flip built another), else what changed since the last batch
+        (None: nothing)."""
+        engine = self.engine
+        if self._cache_reset:
+            engine.cache_delta()  # what the whole cache says already
+            stored, removed, reset = engine.cache_keys(), list[int](), True
+        else:
+            stored, removed = engine.cache_delta()
+            reset = False
+            if not stored and not removed:
+                return None
+        self._cache_reset = False
+        self._cache_seq += 1
+        return pb.CacheEvents(
+            epoch=self._cache_epoch,
+            seq=self._cache_seq,
+            reset=reset,
+            stored=stored,
+            removed=removed,
+            block_size=engine.block_size,
+        )
+
+    def load_report(self, now: float, cache: bool = False) -> pb.LoadReport:
+        """This instance's load; with `cache` (the report stream's), the prefix cache's next batch of events."""
         u = self.engine.usage()
-        return pb.LoadReport(
+        report = pb.LoadReport(
             instance_id=self.instance_id,
             role=self.role,
             state=self.state,
@@ -637,7 +682,13 @@ class WorkerService(rpc.WorkerServicer):
             predicted_growth_tokens=u.predicted_growth_tokens,
             held_kv_tokens=u.held_tokens,
             policy_version=self.policy_version,
+            prefix_query_tokens=u.prefix_query_tokens,
+            prefix_hit_tokens=u.prefix_hit_tokens,
         )
+        events = self.cache_events() if cache else None
+        if events is not None:
+            report.cache.CopyFrom(events)
+        return report
 
     async def close(self) -> None:
         for job in list(self.jobs.values()):

@@ -182,6 +182,7 @@ def _live(fl: Inflight) -> dict[str, Any]:
         "decode_start_ts": fl.decode_start_ts,
         "migrations": fl.migrations,
         "output_tokens": fl.produced,
+        "cached_tokens": fl.cached_tokens,
     }
 
 

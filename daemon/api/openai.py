@@ -287,13 +287,13 @@ class _Whole:
         self.ids += ids
 
 
-async def _collect(job: _Job) -> tuple[str, list[int], str] | Failed:
-    """A whole answer: its text, token ids and finish reason, or the failure."""
+async def _collect(job: _Job) -> tuple[str, list[int], str, int | None] | Failed:
+    """A whole answer: its text, token ids, finish reason and cached prompt tokens, or the failure."""
     out = _Whole()
     end = await job.serve(out=out)
     if isinstance(end, Failed):
         return end
-    return "".join(out.parts), out.ids, end.reason
+    return "".join(out.parts), out.ids, end.reason, end.cached_tokens
 
 
 @router.post("/v1/completions", response_model=None, responses=CODES)
@@ -336,10 +336,11 @@ async def _respond(job: _Job, stream: bool, chat: bool, request: Request) -> Res
     if isinstance(got, Failed):
         status = 503 if got.status == Status.INTERRUPTED else 502
         return openai_error(status, got.message, "APIError", None, _failure_code(got))
-    text, toks, reason = got
+    text, toks, reason, cached = got
     ids = toks if job.with_ids else None
     whole = chat_completion if chat else completion_chunk
-    return JSONResponse(whole(job.rid, job.created, job.model, text, reason, usage(job.prompt_tokens, len(toks)), ids))
+    used = usage(job.prompt_tokens, len(toks), cached)
+    return JSONResponse(whole(job.rid, job.created, job.model, text, reason, used, ids))
 
 
 async def _disconnect(request: Request) -> None:
@@ -362,9 +363,9 @@ def _rejected(ev: Failed) -> JSONResponse:
     return answer
 
 
-def _usage_chunk(job: _Job, chat: bool, n: int) -> dict[str, Any]:
+def _usage_chunk(job: _Job, chat: bool, n: int, cached: int | None) -> dict[str, Any]:
     """The last chunk when `stream_options.include_usage`: no choices, the usage."""
-    u = usage(job.prompt_tokens, n)
+    u = usage(job.prompt_tokens, n, cached)
     if chat:
         return chat_chunk(job.rid, job.created, job.model, None, None, u)
     return {"id": job.rid, "object": "text_completion", "created": job.created, "model": job.model, "choices": [],
@@ -536,7 +537,7 @@ def _sse(job: _Job, chat: bool, interval: int) -> Callable[[Send], Awaitable[byt
         else:
             tail += sse_data(completion_chunk(job.rid, job.created, job.model, "", end.reason, None, ids))
         if job.include_usage:
-            tail += sse_data(_usage_chunk(job, chat, out.count))
+            tail += sse_data(_usage_chunk(job, chat, out.count, end.cached_tokens))
         return tail + DONE
 
     return body

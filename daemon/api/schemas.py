@@ -164,7 +164,7 @@ def completion_chunk(
     model: str,
     text: str,
     finish_reason: str | None,
-    usage: dict[str, int] | None = None,
+    usage: dict[str, Any] | None = None,
     token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
@@ -188,7 +188,7 @@ def chat_chunk(
     model: str,
     delta: dict[str, Any] | None,
     finish_reason: str | None,
-    usage: dict[str, int] | None = None,
+    usage: dict[str, Any] | None = None,
     token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """A chat.completion.chunk; `delta` None: the usage-only last chunk (no choices)."""
@@ -211,7 +211,7 @@ def chat_completion(
     model: str,
     text: str,
     finish_reason: str,
-    usage: dict[str, int],
+    usage: dict[str, Any],
     token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {
@@ -232,12 +232,17 @@ def chat_completion(
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; with `prompt_tokens_details.cached_tokens` (prompt tokens found in the prefix
+    cache, as OpenAI and vLLM's `--enable-prompt-tokens-details` report them) when it is known."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 class ModelCard(BaseModel):

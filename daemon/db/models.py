@@ -68,6 +68,8 @@ class RequestRow(Base):
     predicted_lo: Mapped[int | None] = mapped_column(Integer, nullable=True)
     predicted_hi: Mapped[int | None] = mapped_column(Integer, nullable=True)
     kv_loaded_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)  # decode: KV from the hand-over
+    # prompt tokens its prefill found in the entry instance's prefix cache (not computed); None: not known
+    cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     prompt_sample: Mapped[str | None] = mapped_column(Text, nullable=True)
     # request migration: times it moved off an instance that died mid-request, and those instances
     migrations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -41,7 +41,7 @@ def _revision(url: str) -> str | None:
         engine.dispose()
 
 
-HEAD = "0005"  # the newest revision in migrations/versions
+HEAD = "0006"  # the newest revision in migrations/versions
 
 
 def test_upgrade_from_the_previous_revision_keeps_rows(db_url: str) -> None:

@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import math
 import random
-import zlib
 from collections.abc import Sequence
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from tetri.costmodel import load_profile
 from tetri.des.cluster import ClusterConfig, simulate
 from tetri.des.sessions import make_sessions
-from tetri.des.workloads import Request, make_workload
+from tetri.des.workloads import Request, make_workload, replay_tokens
 from tetri.scheduling.instance import IterationPlan
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.predictor import make_predictor
@@ -39,17 +38,6 @@ def _workload(name: str, n: int, rate: float, seed: int) -> list[Request]:
     reqs = make_workload(name, n, seed=seed, rate=rate, max_model_len=cap.model.max_model_len, kv_capacity=3408)
     # The sim engine produces max_tokens tokens: make that the answer length on both sides.
     return [dataclasses.replace(r, max_tokens=r.output_len) for r in reqs]
-
-
-def prompt_tokens(r: Request) -> tuple[int, ...]:
-    """The live side's prompt: equal where the request's hash ids say its tokens equal another's (a hash
-    block's tokens are a function of its id), its own otherwise — so the live prefix caches, keyed on
-    tokens, hit exactly where the simulator's, keyed on the ids, do."""
-    if r.hash_ids:
-        assert max(r.hash_ids) < 2**20 and r.hash_block <= 1024
-        return tuple(r.hash_ids[i // r.hash_block] * 1024 + i % r.hash_block for i in range(r.prompt_len))
-    own = zlib.crc32(r.request_id.encode()) % 2**30
-    return tuple(own + i for i in range(r.prompt_len))
 
 
 def _simulated(reqs: Sequence[Request], config: ClusterConfig) -> Trace:
@@ -112,7 +100,7 @@ def _live(
         async def client(r: Request, engines: dict[str, SimEngine]) -> None:
             await clock.sleep_until(r.arrival)
             pred = predictor.predict((), r.request_id, r.output_len) if predictor is not None else None
-            ereq = EngineRequest(r.request_id, prompt_tokens(r), r.max_tokens, pred)
+            ereq = EngineRequest(r.request_id, tuple(replay_tokens(r)), r.max_tokens, pred)
             entry, decode = (
                 routes[r.request_id] if routes else (("gpu0", "gpu1") if config.mode == "tetri" else ("gpu0", None))
             )

@@ -107,7 +107,7 @@ def test_cells_that_grow_widen_their_column():
                 app.show_instances()
             await pilot.pause(0.1)
             row = [str(c) for c in table.get_row("worker-00")]
-            assert row[5] == "100%" and len(row[7]) == 12 and row[3] == "123,456"
+            assert row[5] == "100%" and len(row[8]) == 12 and row[3] == "123,456"
             for col, cell in zip(table.columns.values(), row, strict=True):
                 assert col.content_width >= len(cell), (col.label, cell)
 

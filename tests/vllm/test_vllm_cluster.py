@@ -86,7 +86,7 @@ def vllm_server(model: Path, port: int) -> subprocess.Popen[str]:
     args = [
         "--model", str(model), "--served-model-name", VLLM, "--port", str(port), "--host", "127.0.0.1",
         "--dtype", "float32", "--block-size", str(BLOCK), "--max-model-len", str(MAX_LEN), "--enforce-eager",
-        "--no-enable-prefix-caching", "--max-num-batched-tokens", "512", "--max-num-seqs", "64",
+        "--max-num-batched-tokens", "512", "--max-num-seqs", "64",  # prefix caching on, as Tetri's workers
     ]  # fmt: skip
     with log_to(model.parent, "vllm-server") as log:
         return subprocess.Popen(
@@ -183,8 +183,8 @@ def test_disaggregated_tokens_equal_colocated_and_decode_used_the_transferred_kv
     for k, prompt in enumerate(PROMPTS):
         got = row(vc["url"], f"same-{k}")
         assert got["status"] == "finished" and got["decode_instance"] == "decode-b"
-        # vLLM's own count of prompt tokens it did not compute (prefix caching is off: only the connector's):
-        # the whole prompt came with the hand-over; the decode step computed the first token only
+        # what the hand-over brought (vLLM's count of prompt tokens it did not compute, less its own prefix
+        # cache's: none, each prompt is new there): the whole prompt; the decode step computed the first token
         assert got["kv_loaded_tokens"] == len(prompt), (len(prompt), got["kv_loaded_tokens"])
     # each hand-over was read once and removed by the decode engine that loaded it
     assert hand_overs(vc["root"] / "kv-s") <= before
@@ -375,3 +375,63 @@ def test_a_hybrid_cluster_splits_the_long_prompts_and_answers_as_vllm(vc):
                 assert got["prefill_instance"] == "co-hybrid", (len(prompt), got)
     finally:
         stop_all([co], grace=15)
+
+
+# --- the prefix cache: kept on, reported, routed on (issue 39) ---------------------------------------------
+
+
+def _conversation(seed: int) -> list[int]:
+    return [(13 * seed + 7 * k) % 499 + 1 for k in range(300)]
+
+
+def _metric(url: str, name: str, instance: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f'{name}{{instance="{instance}"}}'):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} for {instance} not in /metrics")
+
+
+def _usage_cached(answer: dict) -> int:
+    return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_a_conversations_next_turn_hits_the_prefix_cache_and_answers_as_vllm(vc):
+    """Colocated: the second turn (the first turn's prompt and answer, then a new user turn) computes only
+    past the blocks its engine cached; it says so in its usage, as vLLM and OpenAI do; the engine's KV events
+    reached the control plane's index; the answer is plain vLLM's (prefix caching on there too)."""
+    url = vc["url"]
+    turn1 = _conversation(1)
+    body = {**greedy(COLOC, turn1), "tetri": {"request_id": "conv-1"}}
+    first = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+    assert _usage_cached(first) == 0
+    turn2 = turn1 + first["choices"][0]["token_ids"] + [5, 6, 7, 8]
+    hits_before = _metric(url, "tetri_prefix_cache_hit_tokens_total", "co")
+    body = {**greedy(COLOC, turn2), "tetri": {"request_id": "conv-2"}}
+    second = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+    cached = _usage_cached(second)
+    assert cached >= (len(turn1) // BLOCK) * BLOCK and cached % BLOCK == 0, cached
+    assert second["choices"][0]["token_ids"] == reference(vc["vllm"], turn2)
+    assert row(url, "conv-2")["cached_tokens"] == cached
+    assert _metric(url, "tetri_prefix_cache_hit_tokens_total", "co") - hits_before == cached
+    inst = httpx.get(f"{url}/api/v1/instances/co", timeout=10).json()
+    assert inst["index_blocks"] >= len(turn2) // BLOCK and inst["prefix_hit_ratio"] > 0  # vLLM's KV events
+
+
+def test_a_split_conversations_next_turn_prefills_only_its_new_tokens_and_loads_only_new_blocks(vc):
+    """1P+1D: the second turn is prefilled where the first was, computing only past the blocks the prefill
+    engine cached (its usage's cached tokens); the decode engine, which holds the first turn's blocks, reads
+    only the rest of the hand-over (`kv_loaded_tokens`); the answer is plain vLLM's."""
+    url = vc["url"]
+    turn1 = _conversation(2)
+    r = complete(url, turn1, pin="decode-b", rid="split-1")
+    assert r.status_code == 200, r.text
+    turn2 = turn1 + r.json()["choices"][0]["token_ids"] + [9, 10, 11]
+    r = complete(url, turn2, pin="decode-b", rid="split-2")
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == reference(vc["vllm"], turn2)
+    first, second = row(url, "split-1"), row(url, "split-2")
+    assert first["prefill_instance"] == second["prefill_instance"] == "prefill-a"
+    assert first["cached_tokens"] == 0 and second["cached_tokens"] >= (len(turn1) // BLOCK) * BLOCK
+    assert _usage_cached(r.json()) == second["cached_tokens"]
+    local = len(turn2) - second["kv_loaded_tokens"]  # the decode engine's own blocks: not read from the file
+    assert second["kv_loaded_tokens"] < len(turn2) and local % BLOCK == 0 and local >= (len(turn1) // BLOCK) * BLOCK

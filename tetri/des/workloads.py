@@ -30,6 +30,7 @@ instance's KV capacity; `make_workload` cuts outputs to fit when given the limit
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +83,27 @@ class Request:
     def peak_kv(self) -> int:
         """KV tokens held in the last decode step: the prompt plus every output token but the last."""
         return self.prompt_len + self.output_len - 1
+
+
+def replay_tokens(r: Request, low: int = 1, high: int = 250) -> list[int]:
+    """The token ids a live replay sends as `r`'s prompt, each in [low, high]: equal to another request's
+    exactly as far as their hash ids say their prompts are equal (a hash block's tokens are a function of
+    its id and their place in it), this request's own where it has none — so a live cluster's prefix
+    caches, keyed on tokens, hit where the simulator's, keyed on the ids, do."""
+    span = high - low + 1
+    if r.hash_ids:
+        block = r.hash_block
+        return [low + _mix(r.hash_ids[i // block] * 1_000_003 + i % block) % span for i in range(r.prompt_len)]
+    own = zlib.crc32(r.request_id.encode()) << 20
+    return [low + _mix(own + i) % span for i in range(r.prompt_len)]
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a fixed, well-spread function of x."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
 
 
 def check_workload_name(name: str) -> str:

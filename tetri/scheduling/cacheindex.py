@@ -184,9 +184,10 @@ class CacheIndex:
         self._trim(instance, e)
 
     def forget_all(self) -> None:
-        """Forget every instance (a front about to take its controller's snapshot)."""
-        for iid in list(self._entries):
-            self.drop(iid)
+        """Forget every key (a front about to take its controller's snapshot); the instances' block sizes
+        and limits (their registrations') stay."""
+        for iid, e in self._entries.items():
+            self._reset(iid, e)
 
     def drop(self, instance: str) -> None:
         """Forget the instance (removed from the registry)."""

@@ -166,7 +166,7 @@ class TopApp(App[None]):
             f"[b]policies[/b] v{policies['version']}: prefill {p['prefill_policy']} "
             f"(batch {p['prefill_sched_batch']}, chunk {p['chunk_size']}), predictor {p['predictor']}, "
             f"dispatch {p['dispatch']}, decode {p['decode_admission']}, flips {p['flip_policy']}, "
-            f"route {p.get('pd_route', 'role')}"
+            f"route {p.get('pd_route', 'role')}, routing {p.get('routing', 'least-load')}"
         )
 
     def show_requests(self, page: dict[str, Any]) -> None:

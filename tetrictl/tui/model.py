@@ -120,12 +120,14 @@ def instance_cells(inst: dict[str, Any], history: History) -> tuple[str, ...]:
         f"{inst['queued']:,}",
         f"{inst['running']:,}",
         f"{100 * inst['kv_usage']:.0f}%",
+        "—" if inst.get("prefix_hit_ratio") is None else f"{100 * inst['prefix_hit_ratio']:.0f}%",
         f"{inst['tokens_per_s']:,.0f}",
         spark(history.loads.get(inst["id"], ())),
     )
 
 
-INSTANCE_COLUMNS = ("instance", "role", "state", "queue", "running", "KV", "tok/s", "load")
+# "hit": the prefix cache's hit ratio (prompt tokens found cached over those looked up)
+INSTANCE_COLUMNS = ("instance", "role", "state", "queue", "running", "KV", "hit", "tok/s", "load")
 # fits the requests pane at 160 columns (no sideways scrolling); the detail pane has both instances
 REQUEST_COLUMNS = ("request", "state", "prompt", "output", "TTFT ms", "JCT ms", "instance")
 

@@ -26,6 +26,7 @@ PARAMS_KEY = "kv_transfer_params"  # KVHandle.params key: the producer's transfe
 KEY = "kv_key"  # KVHandle.params key (HostKVConnector): the hand-over's folder
 STORE = "tetri_store"  # kv_transfer_params key on a prefill request (HostKV): the hand-over to write
 LOAD = "tetri_load"  # on a decode request: the hand-over to read
+LOCAL = "tetri_local_tokens"  # on a decode request's last output (HostKV): prompt tokens its prefix cache held
 
 
 def kv_file(store: str, key: str) -> str:

@@ -9,12 +9,20 @@
   ``decode`` waits for our admission policy (`tetri.scheduling.admission.admit` over this engine's KV
   capacity, blocks × block size; the instance scheduler's "remaining" rule), then continues
   ``prompt + [first token]`` with the connector as consumer, streaming tokens. vLLM reports how many
-  prompt tokens came from the connector (``num_cached_tokens``, prefix caching off): `kv_loaded`.
+  prompt tokens it did not compute (``num_cached_tokens``): those its own prefix cache held and those the
+  connector loaded, which loads only the blocks the cache lacks; the connector says how many were local,
+  so `kv_loaded` is exactly what the hand-over brought.
 * colocated role: vLLM as is (the vanilla baseline): one engine, both phases, its own scheduler. Started
   with ``scheduling_policy="priority"`` (vLLM's ``--scheduling-policy``), it takes `queue_order` srpt:
   each request goes in with the srpt key as its priority (`srpt_work`: lower first), fcfs gives every
   request the same (vLLM then orders by arrival). vLLM fixes a priority when the request is added, so
   aging does not apply; `ttft_target_s`, `ttft_miss` and `token_budget` are the sim engine's only.
+
+vLLM's automatic prefix caching is on in every role (vLLM's default): a prompt whose leading blocks an
+engine holds computes only the rest (`cached_tokens`: vLLM's ``num_cached_tokens`` of a colocated or
+prefill request). The engine publishes its KV events (``kv_events_config``, an IPC endpoint of this
+worker's); `kvevents` keeps a mirror of its cache in Tetri's block keys, which the worker reports to the
+control plane (`cache_keys`, `cache_delta`), and the stat logger counts its prefix-cache lookups and hits.
 
 ChunkSize is vLLM's ``max_num_batched_tokens`` (chunked prefill on), fixed when the engine starts.
 Sampling is the request's (`EngineRequest.sampling`: greedy unless the daemon says otherwise); a seeded
@@ -46,7 +54,8 @@ from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import FixedBatchPrefill, PrefillItem
 from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
 
-from . import connectors, plugin, seeded
+from . import connectors, kvevents, plugin, seeded
+from .kvmirror import KVMirror
 
 ROLES = ("prefill", "decode", "colocated")
 TOKENS_PER_S_WINDOW_S = 2.0
@@ -107,12 +116,15 @@ class VllmOptions:
 
 
 class _Stats:
-    """A vLLM stat logger that keeps the latest KV usage and counts preemptions. (Running and waiting
-    counts come from the engine's own bookkeeping: vLLM reports stats only when it runs a step.)"""
+    """A vLLM stat logger that keeps the latest KV usage and counts preemptions and prefix-cache lookups
+    (prompt tokens of new requests looked up, and found: vLLM's prefix_cache_queries and _hits). (Running
+    and waiting counts come from the engine's own bookkeeping: vLLM reports stats only when it runs a step.)"""
 
     def __init__(self) -> None:
         self.kv_cache_usage = 0.0
         self.preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -126,6 +138,10 @@ class _Stats:
             def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
                 if scheduler_stats is not None:
                     stats.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+                    prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+                    if prefix is not None:
+                        stats.prefix_queries += int(prefix.queries)
+                        stats.prefix_hits += int(prefix.hits)
                 if iteration_stats is not None:
                     stats.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
 
@@ -173,10 +189,15 @@ class VllmEngine(Engine):
         self._params: dict[str, dict[str, str]] = {}  # request id → the KV handle's transfer parameters
         self._recent: deque[tuple[float, int]] = deque()
         self._stored: deque[tuple[float, str]] = deque()  # HostKV hand-overs written here: (time, key)
+        self._cached: dict[str, int] = {}  # request id -> prompt tokens vLLM's prefix cache held (asked once)
+        self._mirror = KVMirror()  # its prefix cache in Tetri's block keys, from its KV events
+        self._events_at = kvevents.endpoints(instance_id.replace("/", "_")[:24] + "-" + uuid.uuid4().hex[:6])
+        self._events: kvevents.KVEventSubscriber | None = None
+        self._events_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def _engine_args(self) -> Any:
-        from vllm.config import KVTransferConfig
+        from vllm.config import KVEventsConfig, KVTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         o = self.options
@@ -197,7 +218,13 @@ class VllmEngine(Engine):
             "enforce_eager": o.enforce_eager,
             "max_num_batched_tokens": batched,
             "enable_chunked_prefill": True,
-            "enable_prefix_caching": False,  # so num_cached_tokens counts only KV the connector loaded
+            "enable_prefix_caching": True,  # vLLM's default: a shared prefix is computed once
+            "kv_events_config": KVEventsConfig(
+                enable_kv_cache_events=True,
+                publisher="zmq",
+                endpoint=self._events_at.publish,
+                replay_endpoint=self._events_at.replay,
+            ),
             "max_num_seqs": o.max_num_seqs,
             "gpu_memory_utilization": o.gpu_memory_utilization,
             "tensor_parallel_size": o.tensor_parallel_size,
@@ -247,11 +274,17 @@ class VllmEngine(Engine):
         self.max_model_len = int(cfg.model_config.max_model_len)
         self.vocab_size = int(cfg.model_config.get_vocab_size())
         self.block_size = int(cfg.cache_config.block_size)
-        self.kv_capacity = int(cfg.cache_config.num_gpu_blocks or 0) * self.block_size
+        blocks = int(cfg.cache_config.num_gpu_blocks or 0)
+        self.kv_capacity = blocks * self.block_size
+        self._mirror.max_blocks = 2 * blocks if blocks else self._mirror.max_blocks
+        self._events = kvevents.KVEventSubscriber(self._events_at, self._mirror)
+        self._events_task = asyncio.get_running_loop().create_task(self._events.run(), name="vllm-kv-events")
 
     async def stop(self) -> None:
         llm, self._llm = self._llm, None
         self._stopped = True
+        await kvevents.stop(self._events_task, self._events)
+        self._events_task, self._events = None, None
         for fut in self._prefill_waiters.values():
             if not fut.done():
                 fut.set_exception(EngineError(f"engine {self.instance_id} stopped"))
@@ -299,6 +332,7 @@ class VllmEngine(Engine):
             try:
                 prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
                 async for out in self._llm.generate(prompt, sp, req.request_id):
+                    self._note_cached(req.request_id, out)
                     if out.outputs and out.outputs[0].token_ids:
                         first = int(out.outputs[0].token_ids[0])
             finally:
@@ -388,12 +422,18 @@ class VllmEngine(Engine):
             # the prefill engine sampled output token `resumed_tokens` (the first token here)
             sp = self._sampling(req, req.max_tokens - 1, params or None, req.resumed_tokens + 1)
             seen = 0
+            cached: int | None = None
+            # NIXL: vLLM reports the prefill side's hits as a decode request's cached tokens; loaded unknown
+            host_kv = self.options.connector == connectors.HOST_KV
             self._active += 1
             try:
                 async for out in self._llm.generate({"prompt_token_ids": prompt}, sp, req.request_id):
                     toks = out.outputs[0].token_ids if out.outputs else []
-                    if seen == 0 and out.num_cached_tokens is not None:
-                        self._loaded[req.request_id] = int(out.num_cached_tokens)
+                    if cached is None and out.num_cached_tokens is not None:
+                        cached = int(out.num_cached_tokens)  # its prefix cache's and the connector's
+                    if out.finished and cached is not None and host_kv:  # HostKV says how many were local
+                        local = (getattr(out, "kv_transfer_params", None) or {}).get(connectors.LOCAL, 0)
+                        self._loaded[req.request_id] = max(0, cached - int(local or 0))
                     for t in toks[seen:]:
                         d.produced += 1
                         self._count(1)
@@ -447,6 +487,22 @@ class VllmEngine(Engine):
     def _remaining(d: _Decode, point: str) -> int:
         return remaining(d.req.predicted_output, d.req.max_tokens, 1 + d.produced, point)
 
+    def _note_cached(self, request_id: str, out: Any) -> None:
+        """vLLM's count of the prompt tokens it did not compute (its prefix cache's: no connector loads here)."""
+        if request_id not in self._cached and out.num_cached_tokens is not None:
+            self._cached[request_id] = int(out.num_cached_tokens)
+            if len(self._cached) > 65_536:  # asked by no one
+                del self._cached[next(iter(self._cached))]
+
+    def cached_tokens(self, request_id: str) -> int | None:
+        return self._cached.pop(request_id, None)
+
+    def cache_keys(self) -> list[int]:
+        return self._mirror.keys()
+
+    def cache_delta(self) -> tuple[list[int], list[int]]:
+        return self._mirror.delta()
+
     def kv_loaded(self, request_id: str) -> int | None:
         """Prompt tokens of a decode whose KV vLLM loaded through the connector (None: not known)."""
         return self._loaded.pop(request_id, None)
@@ -462,6 +518,7 @@ class VllmEngine(Engine):
             prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
             priority = self._priority(req)
             async for out in self._llm.generate(prompt, sp, req.request_id, priority=priority):
+                self._note_cached(req.request_id, out)
                 toks = out.outputs[0].token_ids if out.outputs else []
                 for t in toks[seen:]:
                     self._count(1)
@@ -493,6 +550,7 @@ class VllmEngine(Engine):
         self._prefill_queue.remove(request_id)
         self._params.pop(request_id, None)
         self._loaded.pop(request_id, None)
+        self._cached.pop(request_id, None)
         if request_id in self._plan:
             self._plan.remove(request_id)
         if self._llm is not None:
@@ -520,6 +578,8 @@ class VllmEngine(Engine):
             heavy=heavy,
             light=len(self._decodes) - heavy,
             predicted_growth_tokens=growth,
+            prefix_query_tokens=self._stats.prefix_queries,
+            prefix_hit_tokens=self._stats.prefix_hits,
         )
 
     # --- helpers -----------------------------------------------------------------------------------------

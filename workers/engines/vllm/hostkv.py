@@ -6,8 +6,12 @@ prompt). The prefill engine's request carries ``{"tetri_store": key}``: in the s
 prompt each attention layer's KV blocks of **the whole prompt** are kept, and when the step's forward is
 done they are written as one file (aside, then renamed: it appears whole). The decode engine's request
 (the prompt plus the first token) carries ``{"tetri_load": key}``: its scheduler counts every prompt
-token as loaded, the model worker reads the file into the request's own blocks and removes it, and the
-step computes the first token only — an ordinary decode step.
+token as loaded but those its own prefix cache holds already (vLLM asks the connector after its local
+lookup), the model worker reads only the other blocks from the file into the request's own blocks and
+removes it, and the step computes the first token only — an ordinary decode step. A decode engine that
+holds the whole prompt loads nothing and removes the file at once. When the request finishes the connector
+reports how many prompt tokens its prefix cache gave (``kv_transfer_params["tetri_local_tokens"]`` on
+vLLM's last output), so the engine can tell those from the ones the hand-over brought.
 
 vLLM's ExampleConnector, which Tetri used before, hands over whole blocks only: the decode engine then
 recomputes up to a block of prompt tokens plus the first token in a prefill-shaped step, and it names
@@ -42,7 +46,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from .connectors import LOAD, STORE, complete, kv_file
+from .connectors import LOAD, LOCAL, STORE, complete, kv_file
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -59,6 +63,7 @@ logger = init_logger(__name__)
 class _Move:
     key: str
     blocks: list[int]  # the request's KV blocks holding the handed-over tokens, in token order
+    skip: int = 0  # the file's blocks before them (held by the decode engine's prefix cache: not read)
 
 
 @dataclass
@@ -89,20 +94,36 @@ class HostKVConnector(KVConnectorBase_V1):
             raise ValueError("HostKVConnector needs kv_connector_extra_config.shared_storage_path")
         self._root = str(root)
         self._to_load: dict[str, str] = {}  # scheduler: vLLM request id -> key, for the next step's metadata
+        self._local: dict[str, int] = {}  # scheduler: request id -> prompt tokens its prefix cache held
         self._storing: dict[str, dict[str, torch.Tensor]] = {}  # worker: key -> layer name -> blocks, this step
         self._failed: set[int] = set()  # worker: blocks whose load failed in this step
 
     # --- scheduler side ------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Asked after vLLM's own prefix-cache lookup (`num_computed_tokens`: the prompt tokens it holds, in
+        whole blocks): the hand-over brings the rest of the prompt."""
         key = _params(request).get(LOAD)
-        if not key or not complete(self._root, key):
-            return 0, False  # nothing handed over, or it is gone: the engine computes the prompt
+        if not key:
+            return 0, False
+        self._local[request.request_id] = num_computed_tokens
+        if not complete(self._root, key):
+            return 0, False  # it is gone: the engine computes what its cache does not hold
         handed = len(request.prompt_token_ids or []) - 1  # the prompt; the last token is the first output
-        return max(0, handed - num_computed_tokens), False
+        if handed <= num_computed_tokens:  # the prefix cache holds it all: nothing to read
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(kv_file(self._root, key))
+            return 0, False
+        return handed - num_computed_tokens, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             self._to_load[request.request_id] = str(_params(request)[LOAD])
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """A decode request's end: how much of its prompt came from the prefix cache (the engine subtracts it
+        from vLLM's cached count to get what the hand-over brought)."""
+        local = self._local.pop(request.request_id, None)
+        return False, None if local is None else {LOCAL: local}
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = HostKVMetadata()
@@ -110,7 +131,9 @@ class HostKVConnector(KVConnectorBase_V1):
             tokens = len(new.prompt_token_ids or [])
             key = self._to_load.pop(new.req_id, None)
             if key is not None:
-                meta.loads.append(_Move(key, _covering(new.block_ids[0], self._block_size, tokens - 1)))
+                skip = self._local.get(new.req_id, 0) // self._block_size  # held here: not read
+                covering = _covering(new.block_ids[0], self._block_size, tokens - 1)
+                meta.loads.append(_Move(key, covering[skip:], skip))
                 continue
             store = _params(new.sampling_params).get(STORE)
             if store:  # the prefill engine fits any prompt in its first step (VllmEngine._engine_args)
@@ -134,7 +157,7 @@ class HostKVConnector(KVConnectorBase_V1):
                 if getattr(layer, "kv_cache", None) is not None
             )
             try:
-                _read(path, [cache for _, cache in layers], move.blocks)
+                _read(path, [cache for _, cache in layers], move.blocks, move.skip)
             except (OSError, ValueError):  # gone (its lease ran out) or not this request's shape
                 self._failed.update(move.blocks)
             with contextlib.suppress(FileNotFoundError):
@@ -177,15 +200,18 @@ def _bytes(t: torch.Tensor) -> memoryview:
     return t.contiguous().view(torch.uint8).numpy().reshape(-1).data
 
 
-def _read(path: str, caches: list[torch.Tensor], blocks: list[int]) -> None:
-    """Read a hand-over into `blocks` of each cache (in layer-name order); the file must hold exactly
-    that many bytes."""
+def _read(path: str, caches: list[torch.Tensor], blocks: list[int], skip: int = 0) -> None:
+    """Read a hand-over's blocks `skip` … into `blocks` of each cache (in layer-name order); the file must
+    hold exactly `skip + len(blocks)` blocks of each layer."""
+    n = skip + len(blocks)
     with open(path, "rb") as f:
         for cache in caches:
+            block_bytes = cache[0].numel() * cache.element_size()
+            f.seek(skip * block_bytes, os.SEEK_CUR)  # past the blocks the decode engine holds
             part = torch.empty((len(blocks), *cache.shape[1:]), dtype=cache.dtype)
             raw = _bytes(part)  # part is contiguous: reading into its bytes fills it
             if f.readinto(raw) != len(raw):
-                raise ValueError(f"{path}: shorter than {len(blocks)} blocks of {len(caches)} layers")
+                raise ValueError(f"{path}: shorter than {n} blocks of {len(caches)} layers")
             cache[blocks] = part.to(cache.device)
         if f.read(1):
-            raise ValueError(f"{path}: longer than {len(blocks)} blocks of {len(caches)} layers")
+            raise ValueError(f"{path}: longer than {n} blocks of {len(caches)} layers")
