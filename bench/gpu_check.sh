@@ -30,7 +30,7 @@ BUDGET_S=420  # every step ends within this many seconds of the start; stopping 
 SHARE=0.42    # gpu_memory_utilization of each engine: Tetri's two run together (0.84); vLLM and the profile alone
 NAME=llama3-8b-random
 MODEL_ARGS=()  # write-model's sizes (none: Llama-3-8B's)
-# the engine options of both sides (Tetri's workers pass the rest to vLLM themselves: eager, no prefix caching,
+# the engine options of both sides (Tetri's workers pass the rest to vLLM themselves: eager, prefix caching on,
 # chunked prefill; workers/engines/vllm/engine.py)
 DTYPE=bfloat16
 BLOCK=16
@@ -171,7 +171,7 @@ else
 fi
 
 VLLM_ENGINE=(--dtype "$DTYPE" --block-size "$BLOCK" --max-model-len "$MAX_LEN" --max-num-batched-tokens "$BATCHED"
-    --enable-chunked-prefill --no-enable-prefix-caching --enforce-eager --max-num-seqs 64)
+    --enable-chunked-prefill --enable-prefix-caching --enforce-eager --max-num-seqs 64)
 TETRI_ENGINE=(--dtype "$DTYPE" --block-size "$BLOCK" --max-model-len "$MAX_LEN" --chunk-size "$BATCHED")
 
 # 2. plain vLLM

@@ -23,7 +23,7 @@ instances). Every answer is compared with plain vLLM's (the same text, turn by t
 2 cores: the client, the control plane and the engines share them.
 
 **sim** — llama3-8b-h100, `--gpus` colocated instances (vLLM v1's schedule), the session mixes
-(`tetri.des.sessions`, sessions starting for `--seconds`) at each of `--rates` (requests/s on 4 GPUs, twice
+(`tetri.des.sessions`, sessions starting for `--seconds`, 60) at each of `--rates` (requests/s on 4 GPUs, twice
 that on 8): Tetri routing cache-aware, Tetri routing
 least-load (cache-blind), and vLLM v1 behind a round-robin balancer. Prints goodput (requests within the
 SLO per second; TTFT ≤ 1 s and TPOT ≤ 100 ms unless `--slo`), mean and p99 TTFT, and the hit ratio; and
@@ -219,6 +219,16 @@ def server(system: str, model: Path, root: Path) -> Iterator[str]:
         proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, process_group=0)
     try:
         _wait(url, proc, log)
+        if system != "vllm":  # every instance up (the first to register answers /v1/models)
+            want = 1 if system == "tetri-1" else 2
+            deadline = time.monotonic() + 900
+            while True:
+                insts = httpx.get(f"{url}/api/v1/instances", timeout=10).json()["instances"]
+                if sum(i["state"] == "active" for i in insts) >= want:
+                    break
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"{want} instances are not up; see {log}")
+                time.sleep(1)
         if system == "tetri-2-load":
             httpx.put(f"{url}/api/v1/policies", json={"routing": "least-load"}, timeout=10).raise_for_status()
         yield url
@@ -362,7 +372,12 @@ def sim(args: argparse.Namespace) -> None:
     print(f"cache-aware / cache-blind goodput: worst point {min(worst):.3f} (a loss past 2% would be < 0.98)")
 
 
-RATES = {"chat-sessions": (60.0, 120.0, 180.0), "agent": (20.0, 40.0, 60.0), "rag-docs": (40.0, 80.0, 120.0)}
+# requests/s on 4 GPUs (8: twice): about half, three quarters, all and more than least-load's capacity
+RATES = {
+    "chat-sessions": (80.0, 120.0, 160.0, 200.0),
+    "agent": (30.0, 45.0, 60.0, 75.0),
+    "rag-docs": (100.0, 150.0, 200.0, 240.0),
+}
 
 
 def main() -> None:
@@ -380,7 +395,7 @@ def main() -> None:
     sm.add_argument("--gpus", default="4,8")
     sm.add_argument("--mixes", default="chat-sessions,agent,rag-docs")
     sm.add_argument("--rates", help="mix=r1/r2/…,… requests/s on 4 GPUs (8 GPUs: twice)")
-    sm.add_argument("--seconds", type=float, default=120.0, help="how long sessions keep starting")
+    sm.add_argument("--seconds", type=float, default=60.0, help="how long sessions keep starting")
     sm.add_argument("--slo", action="append", default=[])
     sm.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

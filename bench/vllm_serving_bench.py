@@ -5,7 +5,8 @@
         [--engine-cpus 1/0] [--rounds 1] [--output-tokens N]
 
 One system runs at a time, each on the same engine options (float32, block size 32, max model len 1024,
-no prefix caching, enforce eager, max-num-batched-tokens 512, VLLM_CPU_KVCACHE_SPACE=1 GiB):
+prefix caching on (vLLM's default, and Tetri's workers'; the probe's random prompts share no prefix), enforce
+eager, max-num-batched-tokens 512, VLLM_CPU_KVCACHE_SPACE=1 GiB):
   * vllm          — vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), flags
                     mirroring what Tetri's engine passes to vLLM (workers/engines/vllm/engine.py `_engine_args`);
   * colocated     — Tetri's daemon (`--mode colocated`) and one vLLM worker doing both phases;
@@ -202,7 +203,7 @@ def vllm_server(model: Path, root: Path) -> Iterator[tuple[str, dict[str, int]]]
     args = [
         "--model", str(model), "--served-model-name", "tiny",
         "--dtype", DTYPE, "--block-size", str(BLOCK), "--max-model-len", str(MAX_LEN),
-        "--max-num-batched-tokens", str(BATCHED), "--enable-chunked-prefill", "--no-enable-prefix-caching",
+        "--max-num-batched-tokens", str(BATCHED), "--enable-chunked-prefill", "--enable-prefix-caching",
         "--enforce-eager", "--max-num-seqs", "64",  # Tetri's default max_num_seqs
         "--host", "127.0.0.1", "--port", str(port),
         "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",  # the daemon logs no access either

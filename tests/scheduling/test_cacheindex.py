@@ -141,3 +141,16 @@ def test_the_index_never_claims_what_an_instance_does_not_hold_and_fronts_follow
         assert {i: set(idx.keys(i)) for i in idx.instances() if idx.keys(i)} == {
             i: set(front.keys(i)) for i in front.instances() if front.keys(i)
         }
+
+
+def test_the_relay_log_is_bounded_in_changes_and_in_keys():
+    idx = CacheIndex(log_entries=100, log_keys=50)
+    idx.limit("a", B)
+    keys = block_keys(prompt(1, 16 * 80), B)
+    idx.apply("a", CacheEvents(1, 0, reset=True, stored=tuple(keys[:30])))
+    cursor = idx.cursor
+    idx.apply("a", CacheEvents(1, 1, stored=tuple(keys[30:60])))  # 60 keys logged: the first change goes
+    assert sum(len(c.stored) + len(c.removed) for c in idx.log) <= 50
+    assert idx.since(0) is None  # fallen behind: a snapshot
+    assert [len(c.stored) for c in idx.since(cursor) or []] == [30]
+    assert sorted(k for c in idx.snapshot() for k in c.stored) == sorted(keys[:60])

@@ -20,7 +20,8 @@ bounded loop). `drop` forgets an instance (removed from the registry).
 computed a chunk at a time and the walk stops at the first block no candidate holds, so a prompt nobody
 has seen costs one block's hash.
 
-A controller relays the index to its fronts: `log` keeps the changes applied (bounded), `since(cursor)`
+A controller relays the index to its fronts: `log` keeps the changes applied (the last 4,096, and at most
+2²⁰ keys in them), `since(cursor)`
 gives a front what it has not seen (None when it fell behind: then `snapshot()`), and a front applies
 them with `replay`.
 
@@ -32,12 +33,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from .prefix import iter_keys
 
 MAX_BLOCKS = 1 << 18  # keys one instance may hold here, whatever it says its capacity is
 MAX_BATCH = 1 << 16  # keys one batch may carry (stored + removed); a larger one is a flood
 LOG_ENTRIES = 4096  # changes kept for fronts that follow the index
+LOG_KEYS = 1 << 20  # and at most this many keys in them (a front further behind takes a snapshot)
 
 
 @dataclass(frozen=True)
@@ -86,14 +89,16 @@ class IndexStats:
 
 
 class CacheIndex:
-    def __init__(self, log_entries: int = LOG_ENTRIES) -> None:
+    def __init__(self, log_entries: int = LOG_ENTRIES, log_keys: int = LOG_KEYS) -> None:
         self._entries: dict[str, _Entry] = {}
         self._mask: dict[int, int] = {}  # key -> bits of the instances holding it
         self._slots: dict[int, str] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
         self.stats = IndexStats()
-        self.log: deque[Change] = deque(maxlen=log_entries)
+        self.log: deque[Change] = deque()
+        self._log_limits = (log_entries, log_keys)
+        self._log_keys = 0
         self._number = 0
 
     # --- reading --------------------------------------------------------------------------------------
@@ -142,16 +147,14 @@ class CacheIndex:
 
     def _walk(self, keys: Iterator[int], alive: int, out: dict[str, int]) -> None:
         """Follow the keys while some of the `alive` instances hold each; record where each drops out."""
-        get = self._mask.get
         n = 0
-        for key in keys:
-            held = get(key, 0) & alive
-            lost = alive & ~held
-            if lost:
-                self._record(out, lost, n)
-            alive = held
-            if not alive:
-                return
+        for mask in map(self._mask.get, keys, repeat(0)):
+            held = mask & alive
+            if held != alive:  # some drop out here
+                self._record(out, alive & ~held, n)
+                alive = held
+                if not alive:
+                    return
             n += 1
         self._record(out, alive, n)
 
@@ -261,6 +264,11 @@ class CacheIndex:
         self._number += 1
         c = change
         self.log.append(Change(self._number, c.instance, c.reset, c.stored, c.removed, c.dropped))
+        self._log_keys += len(c.stored) + len(c.removed)
+        entries, keys = self._log_limits
+        while len(self.log) > entries or (self._log_keys > keys and len(self.log) > 1):
+            old = self.log.popleft()
+            self._log_keys -= len(old.stored) + len(old.removed)
 
     def _clear(self, e: _Entry) -> None:
         bit = 1 << e.slot

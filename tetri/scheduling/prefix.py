@@ -37,6 +37,7 @@ ROOT = 0x243F6A8885A308D3  # H₀ of a sequence's first block (π's fraction bit
 K = 0x9E3779B97F4A7C15  # the chain's multiplier (odd: invertible mod 2⁶⁴)
 _K_INV = pow(K, -1, 1 << 64)
 CHUNK = 64  # blocks keyed at a time by `iter_keys`
+FIRST_CHUNK = 16  # and the first time
 
 
 def _splitmix64(x: int) -> int:
@@ -95,14 +96,18 @@ def block_keys(
     return out
 
 
-def iter_keys(tokens: Sequence[int], block_size: int, chunk: int = CHUNK) -> Iterator[int]:
-    """The keys of `tokens`' full blocks in order, computed `chunk` blocks at a time: a caller that stops
-    at the first block nobody holds (`CacheIndex.match`) hashes little more than what matched."""
-    parent, first, full = ROOT, 0, len(tokens) // block_size
+def iter_keys(
+    tokens: Sequence[int], block_size: int, chunk: int = CHUNK, first_chunk: int = FIRST_CHUNK
+) -> Iterator[int]:
+    """The keys of `tokens`' full blocks in order, computed `first_chunk` blocks, then `chunk` blocks at a
+    time: a caller that stops at the first block nobody holds (`CacheIndex.match`) hashes little more than
+    what matched. (One numpy call costs about 10 µs whatever its size up to a few dozen blocks: a first
+    chunk of 16 keeps a short prompt to one call and a long one nobody has seen to one small call.)"""
+    parent, first, full, n = ROOT, 0, len(tokens) // block_size, first_chunk
     while first < full:
-        keys = block_keys(tokens, block_size, parent, first=first, count=chunk)
+        keys = block_keys(tokens, block_size, parent, first=first, count=n)
         yield from keys
-        parent, first = keys[-1], first + len(keys)
+        parent, first, n = keys[-1], first + len(keys), chunk
 
 
 def keys_from_hash_ids(hash_ids: Sequence[int], hash_block: int, prompt_len: int, block_size: int) -> tuple[int, ...]:
