@@ -3,7 +3,7 @@ simulator. Prints tables (docs/bench.md has them and their reading).
 
     python bench/prefix_bench.py live [--conversations 6] [--turns 4] [--concurrency 2] [--answer 24]
         [--system-words 1500] [--systems vllm,tetri-1,tetri-2-cache,tetri-2-load] [--json FILE]
-    python bench/prefix_bench.py sim [--gpus 4,8] [--mixes chat-sessions,agent,rag-docs] [--rates …] [--seconds 120]
+    python bench/prefix_bench.py sim [--gpus 4,8] [--mixes chat-sessions,agent,rag-docs] [--rates …] [--seconds 60]
 
 **live** — the traffic issue 39 measured: a 4-layer random-weight Llama (hidden 512, 8 heads, 4 KV heads,
 context 8,192; `workers.engines.vllm.tinymodel`, float32, nothing downloaded), `--conversations`

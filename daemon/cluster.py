@@ -528,8 +528,8 @@ class Cluster:
         only a prefill instance (the request names its decode instance). None: no instance can take it now."""
         routes = self._index()
         colocated = None if split else routes.get(("colocated", model))
-        c = self._pick(colocated, exclude, prompt) if colocated else None
         prefill = routes.get(("prefill", model)) if routes.get(("decode", model)) else None
+        c = self._pick(colocated, exclude, prompt, both=prefill is not None) if colocated else None
         p = self._pick(prefill, exclude, prompt) if prefill else None
         pick = c if c is not None else p
         if c is not None and p is not None:
@@ -552,9 +552,12 @@ class Cluster:
             self._turns[(inst.role, model)] += 1
         return inst
 
-    def _pick(self, idx: MinIndex, exclude: frozenset[str], prompt: Sequence[int]) -> tuple[str, int] | None:
+    def _pick(
+        self, idx: MinIndex, exclude: frozenset[str], prompt: Sequence[int], both: bool = False
+    ) -> tuple[str, int] | None:
         """One role's instance for a request (`tetri.scheduling.routing`'s rule for the `routing` policy),
-        and the prompt tokens its prefix cache holds; None when none can take it."""
+        and the prompt tokens its prefix cache holds (looked up when cache-aware, or for the P/D choice when
+        the model has `both` paths); None when none can take it."""
         least = idx.best(exclude)
         if least is None:
             return None
@@ -570,7 +573,7 @@ class Cluster:
         elif pol.routing == "round-robin":
             inst = self.instances[least]
             chosen = round_robin(candidates, self._turns[(inst.role, inst.model)]) or least
-        if pol.routing != "cache-aware" and prompt and self.policies.pd_route == "length":
+        if pol.routing != "cache-aware" and prompt and both and pol.pd_route == "length":
             held = self._held(prompt, [chosen])  # what it holds still counts for the P/D choice
         return chosen, held.get(chosen, 0)
 

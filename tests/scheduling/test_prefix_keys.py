@@ -24,7 +24,8 @@ def test_a_chain_continues_from_any_block_and_stops_at_the_last_full_one(tokens,
     head = block_keys(tokens, block, count=cut)
     tail = block_keys(tokens, block, head[-1] if head else ROOT, first=cut)
     assert head + tail == keys
-    assert list(iter_keys(tokens, block, chunk=3)) == keys
+    assert list(iter_keys(tokens, block)) == keys
+    assert list(iter_keys(tokens, block, head[-1] if head else ROOT, first=cut)) == tail
     assert block_keys(np.array(tokens, dtype=np.int64), block) == keys
     assert all(0 <= k < 2**64 for k in keys)
 

@@ -17,7 +17,7 @@ empties the instance's entry instead of being applied (a worker flooding the dae
 bounded loop). `drop` forgets an instance (removed from the registry).
 
 `match` answers the router: for a prompt's tokens, how many leading blocks each candidate holds. Keys are
-computed a chunk at a time and the walk stops at the first block no candidate holds, so a prompt nobody
+computed one block at a time and the walk stops at the first block no candidate holds, so a prompt nobody
 has seen costs one block's hash.
 
 A controller relays the index to its fronts: `log` keeps the changes applied (the last 4,096, and at most
