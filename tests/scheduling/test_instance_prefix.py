@@ -12,6 +12,8 @@ from tetri.scheduling.instance import InstanceScheduler, IterationPlan, Phase, S
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefix import block_keys
 
+from .driver import Driver
+
 COST = CostModel(load_profile("tiny"))
 B = COST.profile.block_size
 
@@ -137,7 +139,6 @@ def test_kv_is_conserved_with_shared_blocks_and_the_events_say_what_is_cached(
     s = InstanceScheduler(role, COST, policy, chunked=chunked, kv_capacity=capacity, max_num_seqs=8)
     first = 1 if role == "decode" else 0
     ids: list[str] = []
-    inflight: IterationPlan | None = None
     mirror: set[int] = set()  # what the drained events say is cached
 
     def follow() -> None:
@@ -147,17 +148,12 @@ def test_kv_is_conserved_with_shared_blocks_and_the_events_say_what_is_cached(
         mirror.difference_update(removed)
         assert s.cache is not None and mirror == set(s.cache.keys())
 
-    def step() -> None:
-        nonlocal inflight
-        if inflight is None:
-            plan = s.schedule(0.0)
-            if plan is not None:
-                for rid in plan.pulled:
-                    assert 0 < s.transfer_tokens(rid) <= len(s._reqs[rid].req.block_keys) * B + B
-                inflight = plan if plan.pieces else None
-            return
-        s.complete(inflight)
-        inflight = None
+    def planned(plan: IterationPlan) -> None:
+        for rid in plan.pulled:
+            assert 0 < s.transfer_tokens(rid) <= len(s._reqs[rid].req.block_keys) * B + B
+
+    engine = Driver(s, on_plan=planned)
+    step = engine.step
 
     for op in ops:
         kind = op[0]
@@ -177,22 +173,6 @@ def test_kv_is_conserved_with_shared_blocks_and_the_events_say_what_is_cached(
         follow()
         u = s.usage()
         assert 0 <= u.prefix_hit_tokens <= u.prefix_query_tokens
-    for _ in range(20_000):  # liveness: everything finishes
-        if inflight is not None:
-            step()
-        else:
-            plan = s.schedule(0.0)
-            for rid in plan.pulled if plan is not None else ():
-                s.loaded(rid)
-            if plan is not None and plan.pieces:
-                inflight = plan
-            elif plan is None:
-                held = [rid for rid in ids if s.phase(rid) in (Phase.HELD, Phase.LOADING)]
-                if not held:
-                    break
-                for rid in held:
-                    (s.release if s.phase(rid) is Phase.HELD else s.loaded)(rid)
-        s.check()
-        follow()
+    engine.finish_all(ids, after=follow)  # liveness: everything finishes
     assert len(s) == 0
     assert s.usage().kv_used_tokens == 0 and s.cache is not None and s.cache.pinned == 0

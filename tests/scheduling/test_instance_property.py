@@ -9,8 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tetri.costmodel import CostModel, load_profile
-from tetri.scheduling.instance import InstanceScheduler, IterationPlan, Phase, SchedRequest
+from tetri.scheduling.instance import InstanceScheduler, IterationPlan, Outcome, Phase, SchedRequest
 from tetri.scheduling.policyset import PolicySet
+
+from .driver import Driver
 
 COST = CostModel(load_profile("tiny"))
 
@@ -57,24 +59,20 @@ def test_invariants_hold_at_every_step_and_every_request_finishes(
     first = 1 if role == "decode" else 0
     ids: list[str] = []
     produced: dict[str, int] = {}
-    inflight: IterationPlan | None = None
     clock = [0.0]  # model time: each planned iteration advances it by its duration (the deadline's clock)
 
-    def step() -> None:
-        nonlocal inflight
-        if inflight is None:
-            plan = s.schedule(clock[0])
-            if plan is not None:
-                assert plan.kv_used <= s.capacity
-                assert not any(rid in s for rid in plan.rejected)  # a rejected request is gone
-                inflight = plan if plan.pieces else None
-            return
-        out = s.complete(inflight)
-        clock[0] += inflight.duration
-        inflight = None
+    def planned(plan: IterationPlan) -> None:
+        assert plan.kv_used <= s.capacity
+        assert not any(rid in s for rid in plan.rejected)  # a rejected request is gone
+
+    def done(plan: IterationPlan, out: Outcome) -> None:
+        clock[0] += plan.duration
         for rid, index in out.tokens:
             assert index == produced.get(rid, first), (rid, index)  # no token skipped or repeated
             produced[rid] = index + 1
+
+    engine = Driver(s, lambda: clock[0], planned, done)
+    step = engine.step
 
     for op in ops:
         kind = op[0]
@@ -102,22 +100,7 @@ def test_invariants_hold_at_every_step_and_every_request_finishes(
         assert u.held == sum(1 for rid in ids if s.phase(rid) is Phase.HELD)
 
     # Liveness: with the plan left as it is, release what is held and load what is pulled: all finish.
-    for _ in range(20_000):
-        if inflight is not None:
-            step()
-        else:
-            plan = s.schedule(clock[0])
-            for rid in plan.pulled if plan is not None else ():
-                s.loaded(rid)
-            if plan is not None and plan.pieces:
-                inflight = plan
-            elif plan is None:
-                held = [rid for rid in ids if s.phase(rid) in (Phase.HELD, Phase.LOADING)]
-                if not held:
-                    break
-                for rid in held:
-                    (s.release if s.phase(rid) is Phase.HELD else s.loaded)(rid)
-        s.check()
+    engine.finish_all(ids)
     assert len(s) == 0, {rid: s.phase(rid) for rid in ids if rid in s} | {"plan": s.plan_order}
 
 
