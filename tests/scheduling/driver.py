@@ -1,12 +1,26 @@
 """Drives an `InstanceScheduler` as an engine does, for the property tests: one iteration in flight at a
 time (`step`: plan one, or complete the one in flight), and `finish_all`, the liveness check — with the
-plan left as it is, release what is held and load what is pulled until every request is gone."""
+plan left as it is, release what is held and load what is pulled until every request is gone. `LIFECYCLE`:
+the operations both draw from besides their own."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from hypothesis import strategies as st
+
 from tetri.scheduling.instance import InstanceScheduler, IterationPlan, Outcome, Phase
+
+
+# the operations on requests already added (an index into them), and iterations (3 in 6: most runs finish)
+LIFECYCLE = (
+    st.tuples(st.just("abort"), st.integers(0, 50)),
+    st.tuples(st.just("release"), st.integers(0, 50)),
+    st.tuples(st.just("loaded"), st.integers(0, 50)),
+    st.tuples(st.just("step")),
+    st.tuples(st.just("step")),
+    st.tuples(st.just("step")),
+)
 
 
 class Driver:

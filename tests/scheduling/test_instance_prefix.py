@@ -12,7 +12,7 @@ from tetri.scheduling.instance import InstanceScheduler, IterationPlan, Phase, S
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefix import block_keys
 
-from .driver import Driver
+from .driver import LIFECYCLE, Driver
 
 COST = CostModel(load_profile("tiny"))
 B = COST.profile.block_size
@@ -115,12 +115,7 @@ def test_free_blocks_are_evicted_least_recently_freed_first_when_room_is_needed(
 prefixes = st.tuples(st.integers(0, 3), st.integers(0, 300))  # (group, tokens shared with the group)
 operations = st.one_of(
     st.tuples(st.just("add"), st.integers(1, 300), st.integers(1, 120), prefixes),
-    st.tuples(st.just("abort"), st.integers(0, 50)),
-    st.tuples(st.just("release"), st.integers(0, 50)),
-    st.tuples(st.just("loaded"), st.integers(0, 50)),
-    st.tuples(st.just("step")),
-    st.tuples(st.just("step")),
-    st.tuples(st.just("step")),
+    *LIFECYCLE,
 )
 
 

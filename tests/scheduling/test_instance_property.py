@@ -12,7 +12,7 @@ from tetri.costmodel import CostModel, load_profile
 from tetri.scheduling.instance import InstanceScheduler, IterationPlan, Outcome, Phase, SchedRequest
 from tetri.scheduling.policyset import PolicySet
 
-from .driver import Driver
+from .driver import LIFECYCLE, Driver
 
 COST = CostModel(load_profile("tiny"))
 
@@ -33,12 +33,7 @@ policies = st.builds(
 predictions = st.one_of(st.none(), st.tuples(st.integers(1, 100), st.integers(100, 300)))
 operations = st.one_of(
     st.tuples(st.just("add"), st.integers(1, 300), st.integers(1, 200), predictions),
-    st.tuples(st.just("abort"), st.integers(0, 50)),
-    st.tuples(st.just("release"), st.integers(0, 50)),
-    st.tuples(st.just("loaded"), st.integers(0, 50)),
-    st.tuples(st.just("step")),
-    st.tuples(st.just("step")),
-    st.tuples(st.just("step")),
+    *LIFECYCLE,
     st.tuples(st.just("configure"), policies, st.booleans()),
     st.tuples(st.just("plan"), st.lists(st.integers(0, 60), max_size=8)),
 )
