@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from tetri.scheduling.instance import InstanceScheduler, IterationPlan, Outcome, Phase
 
-
 # the operations on requests already added (an index into them), and iterations (3 in 6: most runs finish)
 LIFECYCLE = (
     st.tuples(st.just("abort"), st.integers(0, 50)),
