@@ -18,7 +18,7 @@ from rich.table import Table
 
 from tetri.planner.bounds import cheap_bound
 from tetri.planner.generate import Mix, generate, with_width
-from tetri.planner.improve import Budget
+from tetri.planner.improve import default_evals
 from tetri.planner.lp import solve_lp
 from tetri.planner.metrics import summarize
 from tetri.planner.policies import Improve, run_policy
@@ -62,13 +62,13 @@ def paper_table(seed: int = 1, n: int = 2000) -> None:
         ("sorted-f", {"solver": "swap"}),
         ("sorted-f", {"solver": "swap", "backfill": True}),
         ("sorted-f", {"solver": "quantile"}),
-        ("sorted-f", {"solver": "auto"}),  # with the improvement phase, 1 s (what `tetrictl plan solve` runs)
+        ("sorted-f", {"solver": "auto"}),  # with the improvement phase's default moves (what `plan solve` runs)
     ]
     res = {}
     rows = []
     for name, kw in runs:
-        searched = kw.get("solver") == "auto"  # its 1 s budget starts with its run
-        how = {"improvement": Improve(Budget(1.0, time.perf_counter), max_evals=10**9)} if searched else {}
+        searched = kw.get("solver") == "auto"
+        how = {"improvement": Improve(max_evals=default_evals(w.n))} if searched else {}
         r, dt = timed(run_policy, name, w, MEMORY, **kw, **how)
         m = summarize(w, r.schedule)
         label = name + (f" ({kw['solver']}{'+backfill' if kw.get('backfill') else ''})" if kw else "")
@@ -191,11 +191,11 @@ def speed() -> None:
     w = generate(MIX, 2000, 1)
     _, dt = timed(run_policy, "sorted-f", w, MEMORY, solver="swap")
     rows.append(["solve --solver swap (plan + execute)", 2000, dt])
-    for n in (2000, 5000):  # what `tetrictl plan solve` runs by default: auto, --budget-s 1
+    for n in (2000, 5000):  # what `tetrictl plan solve` runs by default: auto, default_evals(n) moves
         wn = generate(MIX, n, 1)
-        how = Improve(Budget(1.0, time.perf_counter), max_evals=10**9)
+        how = Improve(max_evals=default_evals(n))
         _, dt = timed(run_policy, "sorted-f", wn, MEMORY, improvement=how)
-        rows.append(["solve --solver auto --budget-s 1 (seeds, moves, execute)", n, dt])
+        rows.append([f"solve --solver auto, {default_evals(n)} moves (seeds, moves, execute)", n, dt])
     big = generate(MIX, 100_000, 1)
     _, dt = timed(run_policy, "sorted-f", big, MEMORY, solver="quantile")
     rows.append(["solve --solver quantile (plan + execute)", 100_000, dt])

@@ -1,7 +1,7 @@
 """Planner robustness: every policy on many generated mixes, each against the best and the lower bound.
 
     python bench/planner_robustness.py                  # all mixes (a few minutes on one core)
-    python bench/planner_robustness.py --budget-s 1 --only backlog-05,lp-chat
+    python bench/planner_robustness.py --evals 200 --only backlog-05,lp-chat
     python bench/planner_robustness.py --json out.json
 
 Mixes (`MIXES`): short/long shares from 0.5 to 0.95, chat-only, summarisation-only, long generation,
@@ -13,7 +13,8 @@ the LP relaxation is solved for the bound and `sorted-lp` runs. Requests longer 
 For each mix: each policy's average latency as a ratio to the best policy's and to the best lower bound
 (LP where tractable, the cheap bound elsewhere), and the planner's time. `sorted-f` is phase 1 only
 (`--solver swap`, or quantile past 5,000 requests); `auto` is `--solver auto` with the improvement phase
-(`--budget-s`, default 1 s). The summary checks the issue's targets: auto within 0.5% of the best on
+(`--evals` moves, by default `default_evals(n)` as `tetrictl plan solve` runs it: 50,000 ÷ n, at most
+1,000). The summary checks the issue's targets: auto within 0.5% of the best on
 every mix, its median gain over the best baseline (mcsf-skip, size), the median gap to the bound, and
 that gap on the LP-sized mixes. Prints tables; asserts nothing (the tests assert behaviour).
 """
@@ -33,7 +34,7 @@ from rich.table import Table
 
 from tetri.planner.bounds import best_bound
 from tetri.planner.generate import Mix, generate
-from tetri.planner.improve import Budget
+from tetri.planner.improve import default_evals
 from tetri.planner.metrics import summarize
 from tetri.planner.policies import Improve, run_policy
 from tetri.planner.workload import Workload
@@ -104,12 +105,12 @@ def policies(spec: MixSpec, w: Workload) -> list[tuple[str, str, dict]]:
     return runs
 
 
-def run_mix(spec: MixSpec, budget_s: float) -> dict:
+def run_mix(spec: MixSpec, evals: int | None) -> dict:
     w, dropped = workload(spec)
     rows = {}
     for label, name, kw in policies(spec, w):
         searched = label in ("auto", "sorted-f-online", "sorted-f-amin")  # --solver auto, as the CLI runs them
-        how = Improve(Budget(budget_s, time.perf_counter), max_evals=10**9) if searched else None
+        how = Improve(max_evals=default_evals(w.n) if evals is None else evals) if searched else None
         t0 = time.perf_counter()
         res = run_policy(name, w, spec.memory, improvement=how, **kw)
         wall = time.perf_counter() - t0
@@ -173,18 +174,18 @@ def summary(docs: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget-s", type=float, default=1.0, help="the improvement phase's budget per mix")
+    ap.add_argument("--evals", type=int, help="moves the improvement phase tries per mix (default: as plan solve)")
     ap.add_argument("--only", help="comma-separated mix names")
     ap.add_argument("--json", help="also write every figure to this file")
     a = ap.parse_args()
-    if not (a.budget_s >= 0 and math.isfinite(a.budget_s)):
-        ap.error(f"--budget-s must be a number of seconds ≥ 0, got {a.budget_s}")
+    if a.evals is not None and a.evals < 0:
+        ap.error(f"--evals must be a number of moves ≥ 0, got {a.evals}")
     names = set(a.only.split(",")) if a.only else None
     docs = []
     for spec in MIXES:
         if names is not None and spec.name not in names:
             continue
-        doc = run_mix(spec, a.budget_s)
+        doc = run_mix(spec, a.evals)
         show(doc)
         docs.append(doc)
     if docs:

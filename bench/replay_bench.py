@@ -80,7 +80,7 @@ def main() -> None:
         for seed in range(args.seeds):
             w = generate(Mix.parse("short"), args.n, seed=seed)
             w, _ = w.check_memory(min(capacity, max_len), drop_oversized=True)
-            docs = {p: build_plan(w, capacity, run_policy(p, w, capacity), 0.0) for p in ("sorted-f", "fcfs")}
+            docs = {p: build_plan(w, capacity, run_policy(p, w, capacity)) for p in ("sorted-f", "fcfs")}
             _, sf = asyncio.run(replay(cluster.url, docs["sorted-f"], "plan"))
             _, ff = asyncio.run(replay(cluster.url, docs["sorted-f"], "fcfs"))
             assert sf.failed == 0 and ff.failed == 0, (sf, ff)

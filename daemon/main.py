@@ -282,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FIELD=VALUE",
         help="A runtime policy the cluster starts with (repeatable), e.g. colocated_schedule=vllm-v1.",
     )
+    ap.add_argument(
+        "--expect-model",
+        action="append",
+        metavar="NAME",
+        help="A model this cluster is starting (repeatable): until it registers, requests for it get 503, not 404.",
+    )
     ap.add_argument("--log-level", help="debug, info, warning (the default) or error.")
     ap.add_argument("--log-file", help="Append the log to this file (default: stderr).")
     ap.add_argument("--log-format", help="text (the default) or json: one object a line.")
@@ -306,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             token=a.token,
             time_scale=a.time_scale,
             stream_interval=a.stream_interval,
+            expect_models=a.expect_model,
             profile=a.profile,
             profiles_file=a.profiles_file,
             slo=a.slo,

@@ -31,6 +31,7 @@ def test_solve_writes_a_plan_and_simulate_replays_it(workload: Path, tmp_path: P
     r = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--solver", "swap", "-o", str(plan), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    assert doc.pop("wall_time_s") >= 0  # how long it took here: printed, not in the file
     assert doc == json.loads(plan.read_text())
     assert doc["solver"] == "swap" and doc["policy"] == "sorted-f"
     assert sum(len(b) for b in doc["batches"]) == 120
@@ -45,11 +46,11 @@ def test_solve_writes_a_plan_and_simulate_replays_it(workload: Path, tmp_path: P
 
 def test_auto_plan_reports_its_seeds_moves_and_gap(workload: Path, tmp_path: Path):
     plan = tmp_path / "auto.json"
-    r = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--budget-s", "0.3", "-o", str(plan), "--json")
+    r = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--evals", "40", "-o", str(plan), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     imp = doc["solver_stats"]["improvement"]
-    assert doc["solver"].endswith("+improve") and imp["seed"] in imp["seed_tel"]
+    assert doc["solver"].endswith("+improve") and imp["seed"] in imp["seed_tel"] and imp["moves_tried"] == 40
     assert set(imp["seed_tel"]) >= {"area", "size", "mcsf-skip"}
     assert doc["tel"] <= min(imp["seed_tel"].values())
     assert doc["lower_bound"]["method"] in ("lp", "cheap") and doc["gap"] == pytest.approx(
@@ -58,13 +59,35 @@ def test_auto_plan_reports_its_seeds_moves_and_gap(workload: Path, tmp_path: Pat
     assert doc["gap"] >= 1.0
     sim = tetrictl("plan", "simulate", str(workload), "--plan", str(plan), "--json")
     assert sim.returncode == 0 and json.loads(sim.stdout)["tel"] == doc["tel"]  # the plan replays exactly
-    human = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--budget-s", "0")
+    human = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--evals", "0")
     assert human.returncode == 0 and "gap" in human.stdout and "improvement" in human.stdout
-    zero = json.loads(tetrictl("plan", "solve", str(workload), "-M", "16384", "--budget-s", "0", "--json").stdout)
-    seeds = zero["solver_stats"]["improvement"]["seed_tel"]  # no time for moves: still the best seed
+    zero = json.loads(tetrictl("plan", "solve", str(workload), "-M", "16384", "--evals", "0", "--json").stdout)
+    seeds = zero["solver_stats"]["improvement"]["seed_tel"]  # no moves: still the best seed
     assert set(seeds) >= {"area", "size", "mcsf-skip"} and zero["tel"] == min(seeds.values())
-    bad = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--budget-s", "-1", "--json")
-    assert bad.returncode == exitcodes.USAGE and "--budget-s" in bad.stderr and bad.stdout == ""
+    for flag, value in (("--evals", "-1"), ("--time-limit", "0"), ("--time-limit", "nan")):
+        bad = tetrictl("plan", "solve", str(workload), "--memory", "16384", flag, value, "--json")
+        assert bad.returncode == exitcodes.USAGE and flag in bad.stderr and bad.stdout == "", (flag, value)
+
+
+def test_the_same_input_gives_the_same_plan_file_under_cpu_load(workload: Path, tmp_path: Path):
+    # the improvement phase stops on a move count by default, not on the clock: a loaded or slower machine
+    # gives the same plan, byte for byte
+    quiet, loaded = tmp_path / "quiet.json", tmp_path / "loaded.json"
+    r = tetrictl("plan", "solve", str(workload), "--memory", "16384", "-o", str(quiet))
+    assert r.returncode == 0, r.stderr
+    burn = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    try:
+        r = tetrictl("plan", "solve", str(workload), "--memory", "16384", "-o", str(loaded))
+    finally:
+        for p in burn:
+            p.kill()
+            p.wait()
+    assert r.returncode == 0, r.stderr
+    assert loaded.read_bytes() == quiet.read_bytes()
+    doc = json.loads(quiet.read_text())
+    assert doc["solver_stats"]["improvement"]["moves_tried"] == 50_000 // 120  # the default count, all tried
+    timed = tetrictl("plan", "solve", str(workload), "--memory", "16384", "--time-limit", "30", "--json")
+    assert timed.returncode == 0 and json.loads(timed.stdout)["tel"] == doc["tel"]  # a limit it did not reach
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "mcsf", "mcsf-skip", "size", "area", "sorted-f"])

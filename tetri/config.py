@@ -115,6 +115,12 @@ class DaemonSettings(BaseSettings):
         description="Streamed answers: an SSE event per N tokens (the first token's at once, what is left with the "
         "end), as vLLM's --stream-interval: fewer socket writes per token, the same text; 1: every engine step.",
     )
+    expect_models: list[str] = Field(
+        default_factory=list,
+        description="Models this cluster is starting (`tetrictl up` names the one its workers serve): until an "
+        "instance of one registers, a request for it gets 503 with Retry-After, not 404 (a client that retries "
+        "on 503 waits for it).",
+    )
     front_connect_s: float = Field(
         30.0, gt=0, description="A front: how long it waits for the controller's first view before giving up."
     )
@@ -161,6 +167,17 @@ class DaemonSettings(BaseSettings):
 
     def needs_token(self) -> bool:
         return not is_loopback(self.host) or not is_loopback(self.grpc_host)
+
+
+SIM_MODEL_NAME = "tetri-sim"  # what a sim engine's clients send without served_model_name
+
+
+def served_name(engine: str, model: str | None, served_model_name: str | None) -> str:
+    """The model name a worker's clients send: `served_model_name`, else the model directory's name (vllm)
+    or `SIM_MODEL_NAME` (sim)."""
+    if served_model_name:
+        return served_model_name
+    return SIM_MODEL_NAME if engine == "sim" else Path(model or ".").resolve().name
 
 
 class WorkerSettings(BaseSettings):

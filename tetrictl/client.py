@@ -208,9 +208,9 @@ class TetriClient:
     async def cancel(self, request_id: str) -> dict[str, Any]:
         return await self._call("POST", f"/api/v1/requests/{_q(request_id)}/cancel")
 
-    async def cancel_many(self, prefix: str = "") -> dict[str, Any]:
-        """Every in-flight request (whose id starts with ``prefix``) cancelled at once."""
-        return await self._call("POST", "/api/v1/requests/cancel", json={"prefix": prefix})
+    async def cancel_many(self, id_prefix: str = "") -> dict[str, Any]:
+        """Every in-flight request (whose id starts with ``id_prefix``) cancelled at once."""
+        return await self._call("POST", "/api/v1/requests/cancel", json={"id_prefix": id_prefix})
 
     async def complete(self, body: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
         """POST /v1/completions (non-streaming); waits for the whole answer."""

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tetri.config import served_name
 from tetri.logsetup import FORMATS as LOG_FORMATS
 from tetri.logsetup import LEVELS as LOG_LEVELS
 from tetri.scheduling.colocated import BASELINES
@@ -398,6 +399,7 @@ def up(
         code = _serve(
             roles, state_dir, profile, time_scale, mode, port, grpc_port, config, start_policies, log_args, fronts,
             stream_interval, wargs, engine, baseline, policies, json_out, stopping,
+            served_name(engine, model, served_model_name),
         )  # fmt: skip
     finally:
         pidfile.unlink(missing_ok=True)  # ours: we hold its lock
@@ -428,8 +430,10 @@ def _serve(
     policies: str | None,
     json_out: bool,
     stopping: dict[str, bool],
+    model_name: str,
 ) -> int:
-    """Start the cluster, serve until a signal, stop it; the exit code."""
+    """Start the cluster, serve until a signal, stop it; the exit code. `model_name`: what clients send for
+    the workers' model (the daemon answers 503 for it, not 404, until they register)."""
     try:
         cluster = start_local_cluster(
             roles,
@@ -446,6 +450,7 @@ def _serve(
             stream_interval=stream_interval,
             worker_args=wargs,
             worker_timeout=VLLM_START_S if engine == "vllm" else 60.0,
+            expect_models=[model_name],
         )
     except StartError as e:
         fail(str(e), exitcodes.REFUSED)

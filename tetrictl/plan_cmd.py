@@ -39,30 +39,44 @@ DropOpt = Annotated[bool, typer.Option("--drop-oversized", help="Drop requests w
 SolverOpt = Annotated[
     str,
     typer.Option(
-        "--solver", help="Phase-1 solver: auto (then the improvement phase, --budget-s), dp, swap, quantile or lp."
+        "--solver", help="Phase-1 solver: auto (then the improvement phase, --evals), dp, swap, quantile or lp."
     ),
 ]
 BackfillOpt = Annotated[bool, typer.Option("--backfill", help="Backfill requests that finish before a blocked head.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for sampling (quantile solver, generators).")]
-BudgetOpt = Annotated[
-    float,
+EvalsOpt = Annotated[
+    int | None,
     typer.Option(
-        "--budget-s",
-        help="With --solver auto: seconds the improvement phase may search for a better order (sorted-f, "
-        "sorted-f-amin; sorted-f-online's re-plan comparisons); 0: the best of its seeds only.",
+        "--evals",
+        help="With --solver auto: moves the improvement phase tries (sorted-f, sorted-f-amin; sorted-f-online's "
+        "re-plan comparisons). Default: 50,000 ÷ the requests, at most 1,000 (about a second); 0: the best of "
+        "its seeds only. The same input and options give the same plan on any machine.",
+        show_default=False,
     ),
 ]
-DEFAULT_BUDGET_S = 1.0
+TimeLimitOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--time-limit",
+        help="Also stop the improvement phase after this many seconds on the wall clock. Off by default: with "
+        "it the plan depends on the machine's speed and load.",
+        show_default=False,
+    ),
+]
 
 
-def _improvement(budget_s: float, seed: int) -> "Improve":
-    """The improvement phase's bounds: this many seconds on the wall clock (the shell's to read)."""
-    from tetri.planner.improve import Budget
+def _improvement(evals: int | None, time_limit: float | None, seed: int, n: int = 1) -> "Improve":
+    """The improvement phase's bounds for `n` requests: `evals` moves (default `default_evals(n)`) and, only
+    when asked, a wall-clock limit (the shell's to read)."""
+    from tetri.planner.improve import Budget, default_evals
     from tetri.planner.policies import Improve
 
-    if not (budget_s >= 0 and math.isfinite(budget_s)):
-        raise WorkloadError(f"--budget-s must be a number of seconds ≥ 0, got {budget_s}")
-    return Improve(Budget(budget_s, time.perf_counter), max_evals=10**9 if budget_s > 0 else 0, seed=seed)
+    if evals is not None and evals < 0:
+        raise WorkloadError(f"--evals must be a number of moves ≥ 0, got {evals}")
+    if time_limit is not None and not (time_limit > 0 and math.isfinite(time_limit)):
+        raise WorkloadError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
+    budget = Budget(time_limit, time.perf_counter) if time_limit is not None else Budget()
+    return Improve(budget, max_evals=default_evals(n) if evals is None else evals, seed=seed)
 
 
 def _load(path: Path, memory: int, drop: bool, why: str = "") -> "tuple[Workload, int]":
@@ -158,7 +172,8 @@ def solve_cmd(
     backfill: BackfillOpt = False,
     drop: DropOpt = False,
     seed: SeedOpt = 0,
-    budget_s: BudgetOpt = DEFAULT_BUDGET_S,
+    evals: EvalsOpt = None,
+    time_limit: TimeLimitOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Plan a backlog with Sorted-F and write the plan file (with its gap to the best lower bound)."""
@@ -169,7 +184,7 @@ def solve_cmd(
 
     with user_errors():
         check_solver(solver)
-        _improvement(budget_s, seed)  # a bad budget fails before any work
+        _improvement(evals, time_limit, seed)  # bad bounds fail before any work
         check_policy(policy)
         if solver == "lp":
             policy = "sorted-lp"
@@ -204,19 +219,20 @@ def solve_cmd(
                 backfill=backfill,
                 seed=seed,
                 progress=bar,
-                improvement=_improvement(budget_s, seed),
+                improvement=_improvement(evals, time_limit, seed, w.n),
             )
-        doc = build_plan(w, memory, res, wall, dropped)
+        doc = build_plan(w, memory, res, dropped)
         if cluster is not None:
             doc["from_cluster"] = {k: cluster[k] for k in ("id", "model", "kv_capacity_tokens", "max_model_len")}
         doc["lower_bound"] = _bound_doc(best_bound(w, memory, int(res.schedule.finish.max())))
         doc["gap"] = doc["tel"] / doc["lower_bound"]["value"] if doc["lower_bound"]["value"] else None
         if output is not None:
             output.write_text(_dumps(doc), encoding="utf-8")
+    shown = doc | {"wall_time_s": round(wall, 6)}  # how long planning took here: not in the plan file
     if json_out:
-        print_json(doc)
+        print_json(shown)
         return
-    _print_summary(f"{policy} ({res.solver}) plan" + (f" → {output}" if output else ""), doc)
+    _print_summary(f"{policy} ({res.solver}) plan" + (f" → {output}" if output else ""), shown)
 
 
 def _decode_instance(tgt: "Target", wanted: str | None) -> dict[str, Any]:
@@ -256,7 +272,8 @@ def _dumps(doc: Any) -> str:
 
 
 def _print_summary(title: str, doc: dict[str, Any]) -> None:
-    keys = ["n", "dropped", "tel", "avg_latency", "p50_latency", "p99_latency", "makespan", "peak_memory", "evictions"]
+    keys = ["n", "dropped", "tel", "avg_latency", "p50_latency", "p99_latency", "makespan", "peak_memory"]
+    keys += ["evictions", "wall_time_s"]
     rows = [(k, doc[k]) for k in keys if k in doc]
     if "lower_bound" in doc:
         rows.append((f"lower bound ({doc['lower_bound']['method']})", doc["lower_bound"]["value"]))
@@ -286,7 +303,8 @@ def simulate_cmd(
     ] = None,
     drop: DropOpt = False,
     seed: SeedOpt = 0,
-    budget_s: BudgetOpt = DEFAULT_BUDGET_S,
+    evals: EvalsOpt = None,
+    time_limit: TimeLimitOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Execute a policy (or a plan) on a workload: metrics and the full schedule."""
@@ -298,7 +316,7 @@ def simulate_cmd(
     with user_errors():
         check_policy(policy)
         check_solver(solver)
-        _improvement(budget_s, seed)
+        _improvement(evals, time_limit, seed)
         if replan_every is not None and replan_every < 1:
             raise WorkloadError("--replan-every must be at least 1")
         the_plan = _read_plan(plan) if plan is not None else None
@@ -323,7 +341,7 @@ def simulate_cmd(
                     replan_every=replan_every,
                     seed=seed,
                     progress=bar,
-                    improvement=_improvement(budget_s, seed),
+                    improvement=_improvement(evals, time_limit, seed, w.n),
                 )
             sched, name = res.schedule, policy
     doc: dict[str, Any] = {"policy": name, "memory": memory, "n": w.n, "dropped": dropped}
@@ -364,7 +382,8 @@ def compare_cmd(
     ] = True,
     drop: DropOpt = False,
     seed: SeedOpt = 0,
-    budget_s: BudgetOpt = DEFAULT_BUDGET_S,
+    evals: EvalsOpt = None,
+    time_limit: TimeLimitOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Compare policies: latency, makespan, ratio to the best policy and to the lower bound."""
@@ -375,7 +394,7 @@ def compare_cmd(
 
     with user_errors():
         check_solver(solver)
-        _improvement(budget_s, seed)
+        _improvement(evals, time_limit, seed)
         w, dropped = _load(workload, memory, drop)
         names = [p.strip() for p in policies.split(",") if p.strip()] if policies else _default_policies(w, memory)
         for name in names:
@@ -391,7 +410,7 @@ def compare_cmd(
                     solver=solver,
                     backfill=backfill,
                     seed=seed,
-                    improvement=_improvement(budget_s, seed),
+                    improvement=_improvement(evals, time_limit, seed, w.n),
                 )
                 bar(k + 1, len(names))
         horizon = min(int(r.schedule.finish.max()) for r, _ in results.values())

@@ -72,6 +72,7 @@ def start_local_cluster(
     stream_interval: int | None = None,
     worker_args: list[str] | None = None,
     worker_timeout: float = 60.0,
+    expect_models: list[str] | None = None,
 ) -> LocalCluster:
     """Start the daemon, then one worker per role, each waited for; on failure nothing is left running.
     Daemon and workers run the same `time_scale` (one cluster clock: docs/cluster.md). `policies`: the
@@ -79,7 +80,9 @@ def start_local_cluster(
     `--log-file`, `--log-format` flags for every process (they may share one file). `fronts`: N > 0 runs the
     daemon as a controller and N fronts (`daemon.main --fronts N`; its ready report lists them).
     `stream_interval`: an SSE event per N tokens (the daemon's `--stream-interval`). `worker_args`: more
-    flags for every worker (`--engine vllm --model DIR …`), which may take `worker_timeout` seconds to start."""
+    flags for every worker (`--engine vllm --model DIR …`), which may take `worker_timeout` seconds to start.
+    `expect_models`: the models the workers serve, which the daemon answers 503 for (not 404) until they
+    register."""
     dargs = ["--port", str(port), "--grpc-port", str(grpc_port), "--state-dir", str(state_dir), "--mode", mode]
     dargs += ["--time-scale", str(time_scale), "--profile", profile]  # the advise flip policy's model
     for name, value in (policies or {}).items():
@@ -91,6 +94,8 @@ def start_local_cluster(
         dargs += ["--fronts", str(fronts)]
     if stream_interval is not None:
         dargs += ["--stream-interval", str(stream_interval)]
+    for name in expect_models or ():
+        dargs += ["--expect-model", name]
     # one random cluster token per cluster: every gRPC call between its processes carries it, so no
     # other local process can drive its workers (the environment, not argv: `ps` shows argv)
     token = secrets.token_urlsafe(24)

@@ -117,7 +117,7 @@ def workload_of(items: Sequence[Item]) -> Workload:
 def fcfs_plan(items: Sequence[Item], memory: int) -> Plan:
     """The planner's fcfs at M, as a plan: the baseline order and its planned finishes."""
     w = workload_of(items)
-    doc = build_plan(w, memory, run_policy("fcfs", w, memory), 0.0)
+    doc = build_plan(w, memory, run_policy("fcfs", w, memory))
     return parse_plan(json.dumps(doc), source="fcfs plan")
 
 

@@ -317,10 +317,10 @@ def requests_cancel(
     request_id: Annotated[str | None, typer.Argument(help="Request id (must be in flight).")] = None,
     status_: Annotated[
         str | None,
-        typer.Option("--status", help="running: cancel every in-flight request at once (with --prefix, those ids)."),
+        typer.Option("--status", help="running: cancel every in-flight request at once (with --id-prefix, those ids)."),
     ] = None,
-    prefix: Annotated[
-        str | None, typer.Option("--prefix", help="With --status running: ids starting with this.")
+    id_prefix: Annotated[
+        str | None, typer.Option("--id-prefix", help="With --status running: ids starting with this (≤ 64 characters).")
     ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -328,17 +328,19 @@ def requests_cancel(
     json_out: JsonOpt = False,
 ) -> None:
     """Cancel an in-flight request (exit 1 if it is no longer in flight), or with --status running every
-    in-flight request at once (--prefix P: those whose id starts with P)."""
-    if request_id is not None and (status_ is not None or prefix is not None):
-        fail("give a request id, or --status running [--prefix P] to cancel in bulk, not both")
+    in-flight request at once (--id-prefix P: those whose id starts with P, as in `requests ls`)."""
+    if request_id is not None and (status_ is not None or id_prefix is not None):
+        fail("give a request id, or --status running [--id-prefix P] to cancel in bulk, not both")
     if request_id is None:
         if status_ is None:
-            fail("give a request id, or --status running [--prefix P] to cancel every in-flight request")
+            fail("give a request id, or --status running [--id-prefix P] to cancel every in-flight request")
         if status_ != "running":
             fail(f"--status: only running requests can be cancelled, not {status_!r}")
+        if id_prefix is not None and not 1 <= len(id_prefix) <= 64:
+            fail(f"--id-prefix must be 1–64 characters, not {len(id_prefix)}")
 
         async def many(c: TetriClient) -> dict[str, Any]:
-            return await c.cancel_many(prefix or "")
+            return await c.cancel_many(id_prefix or "")
 
         def said(d: dict[str, Any]) -> None:
             out.print(f"cancelled {d['count']:,} request{'' if d['count'] == 1 else 's'}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tetri import eventloop
 from tetri.clock import ScaledClock
-from tetri.config import WorkerSettings
+from tetri.config import WorkerSettings, served_name
 from tetri.gcheap import freeze_startup_heap
 from tetri.logsetup import configure_logging
 from tetri.proto import rpc
@@ -33,18 +33,16 @@ log = logging.getLogger("tetri.worker")
 
 
 BUILTIN_BYTES = "builtin:bytes"  # the sim's tokenizer, as the daemon knows it (RegisterRequest.tokenizer)
-SIM_MODEL_NAME = "tetri-sim"
 
 
 def build_engine(settings: WorkerSettings, instance_id: str) -> Engine:
     """The engine, named as clients will ask for it, with the tokenizer the daemon will use for it."""
     engine = _engine(settings, instance_id)
+    engine.model_name = served_name(settings.engine, settings.model, settings.served_model_name)
     if settings.engine == "sim":
-        engine.model_name = settings.served_model_name or SIM_MODEL_NAME
         engine.tokenizer = str(Path(settings.tokenizer).resolve()) if settings.tokenizer else BUILTIN_BYTES
     else:
         model_dir = Path(settings.model or ".").resolve()
-        engine.model_name = settings.served_model_name or model_dir.name
         own = model_dir if (model_dir / "tokenizer.json").is_file() else None
         source = Path(settings.tokenizer).resolve() if settings.tokenizer else own
         engine.tokenizer = str(source) if source else ""

@@ -217,15 +217,15 @@ def _timeline(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 @router.post("/requests/cancel")
 async def cancel_many(request: Request, body: Annotated[BulkCancel, Body()]) -> dict[str, Any]:
-    """Cancel every in-flight request whose id starts with `prefix` (`{}`: all of them) at once; the ids
+    """Cancel every in-flight request whose id starts with `id_prefix` (`{}`: all of them) at once; the ids
     cancelled. A body is required, so that an empty POST cancels nothing. Finished requests are not
     touched: only what runs can be cancelled. Requests other fronts serve are cancelled through their
     workers (up to 1000 a call: call again for more)."""
     gw = _gw(request)
-    ids = await gw.cancel_many(body.prefix)
+    ids = await gw.cancel_many(body.id_prefix)
     # and those other fronts serve, as the status table knows them (none where no front runs)
     rows, _ = await asyncio.to_thread(
-        request.app.state.store.list_requests, None, Status.RUNNING.value, 1000, 0, body.prefix or None
+        request.app.state.store.list_requests, None, Status.RUNNING.value, 1000, 0, body.id_prefix or None
     )
     others = [r["id"] for r in rows if r["front"] != gw.front and r["id"] not in ids]
     found = await asyncio.gather(*(gw.cancel_on_workers(rid) for rid in others))

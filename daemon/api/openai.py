@@ -218,6 +218,10 @@ async def _admit(
         return reject(400, f"{unsupported[0]}: {unsupported[1]}", "BadRequestError", unsupported[0])
     served = gw.cluster.models()
     if body.model not in served:
+        if body.model in request.app.state.settings.expect_models:  # starting: no instance has registered yet
+            answer = reject(503, f"The model `{body.model}` is starting; retry.", "ServiceUnavailableError", "model")
+            answer.headers["Retry-After"] = "5"
+            return answer
         return reject(404, f"The model `{body.model}` does not exist.", "NotFoundError", "model", "model_not_found")
     tok = _served(request).tokenizer(body.model)
     try:

@@ -116,11 +116,12 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 
 
 class BulkCancel(BaseModel):
-    """`POST /api/v1/requests/cancel`: which in-flight requests to cancel (all of them without a prefix)."""
+    """`POST /api/v1/requests/cancel`: which in-flight requests to cancel (all of them without `id_prefix`:
+    the filter `GET /api/v1/requests` spells the same way)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prefix: str = Field("", max_length=64, description="Only requests whose id starts with this.")
+    id_prefix: str = Field("", max_length=64, description="Only requests whose id starts with this.")
 
 
 class ErrorDetail(BaseModel):

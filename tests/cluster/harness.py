@@ -90,8 +90,10 @@ def start_cluster(
     daemon_stderr: IO[str] | None = None,
     daemon_profile: bool = True,
     db_url: str | None = None,
+    daemon_args: list[str] | None = None,
 ) -> LiveCluster:
     args = ["--port", "0", "--grpc-port", "0", "--state-dir", str(state_dir), "--mode", mode, "--host", host]
+    args += daemon_args or []
     if db_url is not None:
         args += ["--db-url", db_url]
     args += ["--time-scale", str(time_scale)]  # one cluster clock: the daemon runs the workers' scale

@@ -199,7 +199,10 @@ def _cancel_many(cluster: LiveCluster, slow: str) -> None:
     fails(ctl(cluster, "requests", "cancel"), exitcodes.USAGE, "--status running")
     fails(ctl(cluster, "requests", "cancel", "--status", "finished"), exitcodes.USAGE, "only running")
     fails(ctl(cluster, "requests", "cancel", "bulk-1", "--status", "running"), exitcodes.USAGE, "not both")
-    doc = ok_json(cluster, "requests", "cancel", "--status", "running", "--prefix", "bulk-")
+    long = "x" * 65  # the filter `requests ls --id-prefix` takes, spelled and bounded the same
+    too_long = ctl(cluster, "requests", "cancel", "--status", "running", "--id-prefix", long)
+    fails(too_long, exitcodes.USAGE, "--id-prefix")
+    doc = ok_json(cluster, "requests", "cancel", "--status", "running", "--id-prefix", "bulk-")
     assert doc == {"cancelled": ["bulk-1", "bulk-2", "bulk-3"], "count": 3}
     assert httpx.get(f"{cluster.url}/api/v1/requests/other-1").json()["status"] == "running"
     human = ctl(cluster, "requests", "cancel", "--status", "running")
@@ -208,8 +211,10 @@ def _cancel_many(cluster: LiveCluster, slow: str) -> None:
         t.join(60)
     time.sleep(0.3)
     assert {ok_json(cluster, "requests", "show", rid)["status"] for rid in ids} == {"cancelled"}
-    bad = httpx.post(f"{cluster.url}/api/v1/requests/cancel", json={"prefix": 7, "extra": 1})
+    bad = httpx.post(f"{cluster.url}/api/v1/requests/cancel", json={"id_prefix": 7, "extra": 1})
     assert bad.status_code == 400 and "error" in bad.json()
+    old = httpx.post(f"{cluster.url}/api/v1/requests/cancel", json={"prefix": "bulk-"})  # not its name
+    assert old.status_code == 400 and "prefix" in old.text
     empty = httpx.post(f"{cluster.url}/api/v1/requests/cancel")  # no body: nothing is cancelled
     assert empty.status_code == 400 and "error" in empty.json()
 

@@ -89,7 +89,7 @@ def test_bad_mix(text):
 def test_plan_file_round_trip_and_errors():
     w = Workload.from_arrays([3, 4, 5], [2, 2, 2], ids=["a", "b", "c"])
     res = run_policy("sorted-f", w, 20, solver="dp")
-    doc = build_plan(w, 20, res, wall_time_s=0.01)
+    doc = build_plan(w, 20, res)
     for key in (
         "memory",
         "policy",

@@ -18,8 +18,10 @@ then), and that run stops as soon as a lower bound on the rest's latency passes 
 rejected move usually costs a fraction of a full run. With arrivals spread out a move is evaluated by a
 whole run. The result is never worse than any seed: a move is kept only when it lowers the TEL.
 
-The search stops after `max_evals` move evaluations or when `budget.spent()` says the time is up; the
-budget is the shell's (a clock is not the core's to read).
+The search stops after `max_evals` move evaluations (by default `default_evals(n)`: the same count on
+any machine, so the same input gives the same plan) or, when the shell opts in to a time limit, when
+`budget.spent()` says the time is up (a clock is not the core's to read; the plan then depends on the
+machine's speed).
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ import numpy as np
 
 from .executor import Schedule, execute, execute_rest
 from .workload import IntArray, Workload
+
+MOVE_WORK = 50_000  # moves × requests the default search tries: about what a second tried on a 2-core host
+MAX_DEFAULT_EVALS = 1_000
+
+
+def default_evals(n: int) -> int:
+    """How many moves the improvement phase tries by default on `n` requests: `MOVE_WORK` // n, at most
+    `MAX_DEFAULT_EVALS` (a move's evaluation costs about n steps, so this keeps the search's time near a
+    second whatever n; docs/planner.md, "Improvement phase")."""
+    return min(MAX_DEFAULT_EVALS, MOVE_WORK // max(1, n))
 
 
 class Budget:

@@ -6,10 +6,13 @@
       "batches": [["id", ...], ...],          # Sorted-F's ordered list, batch by batch
       "schedule": [{"id", "prompt_tokens", "output_tokens", "start", "finish"}, ...],
       "tel", "avg_latency", "p50_latency", "p99_latency", "makespan", "peak_memory", "evictions",
-      "solver_stats": {"wall_time_s", "iterations", "batches", "improvement"?},
+      "solver_stats": {"iterations", "batches", "improvement"?},
       "lower_bound": {"value", "method", …}, "gap": tel / lower bound,   # written by `tetrictl plan solve`
       "n": requests planned, "dropped": oversized requests left out
     }
+
+Nothing in it depends on the machine or the time it was made (no wall time, no date): the same workload,
+memory and options give the same file, byte for byte.
 
 Executing a plan means admitting in the order of its batches, flattened (or, for a plan without
 batches, in order of planned start) with the stop rule. The schedule rows carry each request's lengths,
@@ -51,7 +54,7 @@ def schedule_rows(w: Workload, sched: Schedule) -> list[dict[str, Any]]:
     return rows
 
 
-def build_plan(w: Workload, memory: int, result: PolicyResult, wall_time_s: float, dropped: int = 0) -> dict[str, Any]:
+def build_plan(w: Workload, memory: int, result: PolicyResult, dropped: int = 0) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "format": FORMAT,
         "memory": memory,
@@ -63,7 +66,6 @@ def build_plan(w: Workload, memory: int, result: PolicyResult, wall_time_s: floa
     }
     doc.update(summarize(w, result.schedule))
     doc["solver_stats"] = {
-        "wall_time_s": round(wall_time_s, 6),
         "iterations": result.iterations,
         "batches": len(result.batches),
     }
