@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tetri.clock import ClusterClock
-from tetri.config import DaemonSettings, flip_advisor, start_policies
+from tetri.config import DaemonSettings, start_policies
 from tetri.scheduling.policyset import PolicyError
 
 from .api import admin, openai
@@ -36,7 +36,7 @@ from .cluster import Cluster, ClusterView, Instance
 from .controller_link import FrontLink
 from .db.store import Store, make_engine, migrate
 from .db.writer import BatchWriter, describe, store_unavailable
-from .flips import Flipper
+from .flips import Flipper, advisor_for
 from .fronts import FrontWatch
 from .gateway import Gateway, new_request_id
 from .grpc_edge import ControlPlaneServer, Tls, bind_control_plane, start_control_plane
@@ -110,7 +110,7 @@ def create_app(
         app.state.served = served
         app.state.store, app.state.writer, app.state.gateway = store, writer, gateway
         app.state.cluster, app.state.grpc_port, app.state.recovered = cluster, server.port, recovered
-        flipper = Flipper(cluster, gateway.workers, store, flip_advisor(settings), writer.pending_fields)
+        flipper = Flipper(cluster, gateway.workers, store, advisor_for(settings), writer.pending_fields)
         app.state.flipper = flipper
         tasks = [
             asyncio.create_task(cluster.monitor()),

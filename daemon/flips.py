@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from tetri.config import DaemonSettings, advisor_inputs
 from tetri.des.flipadvisor import SplitAdvisor
 from tetri.des.trace import Seen
 from tetri.scheduling.flip import InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
@@ -51,6 +52,12 @@ class FlipError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def advisor_for(settings: DaemonSettings) -> SplitAdvisor | None:
+    """The `advise` flip policy's model for this daemon: its cost profile and SLOs (None without a profile)."""
+    inputs = advisor_inputs(settings)
+    return None if inputs is None else SplitAdvisor(*inputs)
 
 
 class Flipper:

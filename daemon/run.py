@@ -10,6 +10,7 @@ Two paths, so a token costs no task switch and no generator of its own:
   straight-line code.
 
 It must not read the wall clock for a timestamp (the cluster clock: `gw.clock`), nor know HTTP or gRPC.
+What it needs of the gateway is `RunHost` (the gateway is one); it imports no gateway.
 """
 
 from __future__ import annotations
@@ -17,21 +18,52 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from tetri.clock import Clock
 from tetri.sampling import GREEDY, Sampling
 
-from .cluster import Instance
+from .cluster import Cluster, Instance
 from .db.models import Phase, Status
+from .metrics import Metrics
 from .textstream import TextStream
-from .worker_client import Call, Handoff, TokenChunk, WorkerCallError
-
-if TYPE_CHECKING:
-    from .gateway import Gateway
+from .worker_client import Call, Handoff, TokenChunk, WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
 ENTRY_ATTEMPTS = 3  # entry instances tried when they refuse before starting anything
+
+
+class RunHost(Protocol):
+    """What a `Run` needs of the process serving it (`Gateway`): the cluster clock, the registry, the worker
+    client and the metrics; the request's entry instance and phase changes (the gateway's bookkeeping)."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def workers(self) -> WorkerClient: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def max_migrations(self) -> int: ...
+
+    def set_phase(self, fl: Inflight, phase: Phase) -> None: ...
+
+    async def entry(
+        self,
+        fl: Inflight,
+        exclude: frozenset[str],
+        prompt: Sequence[int] = (),
+        predicted: tuple[int, int] | None = None,
+        split: bool = False,
+    ) -> Instance | str: ...
+
+    def serve_on(self, fl: Inflight, inst: Instance) -> None: ...
+
+    def release(self, fl: Inflight) -> None: ...
 
 
 @dataclass
@@ -109,7 +141,7 @@ class _Refused:
 class Run:
     """A request's calls to workers and what they answer; `drive()` runs in the request's own task."""
 
-    def __init__(self, gw: Gateway, fl: Inflight, out: Output, text: TextStream | None) -> None:
+    def __init__(self, gw: RunHost, fl: Inflight, out: Output, text: TextStream | None) -> None:
         self.gw = gw
         self.fl = fl
         self.out = out

@@ -11,7 +11,7 @@ from tetri.config import (
     ConfigError,
     DaemonSettings,
     WorkerSettings,
-    flip_advisor,
+    advisor_inputs,
     is_loopback,
     load_daemon_settings,
     load_worker_settings,
@@ -340,13 +340,15 @@ def test_the_daemon_flag_sets_a_starting_policy_and_refuses_a_bad_one(capsys: py
 
 
 def test_advise_flip_policy_needs_a_profile_and_good_slos(tmp_path: Path) -> None:
-    assert flip_advisor(load_daemon_settings(None)) is None
+    assert advisor_inputs(load_daemon_settings(None)) is None
     with pytest.raises(ConfigError, match=r"policies.flip_policy: advise needs .*--profile"):
         load_daemon_settings(None, policies={"flip_policy": "advise"})
     s = load_daemon_settings(None, profile="tiny", slo=["ttft=2", "HPLD:tpot=0.5"], policies={"flip_policy": "advise"})
-    advisor = flip_advisor(s)
-    assert advisor is not None and advisor.profile.name == "tiny"
-    assert advisor.slo.default.ttft_s == 2.0 and advisor.slo.by_class["HPLD"].tpot_s == 0.5
+    inputs = advisor_inputs(s)
+    assert inputs is not None
+    profile, slo = inputs
+    assert profile.name == "tiny"
+    assert slo.default.ttft_s == 2.0 and slo.by_class["HPLD"].tpot_s == 0.5
     with pytest.raises(ConfigError, match=r"^\[daemon\] profile: unknown profile 'nope'"):
         load_daemon_settings(None, profile="nope")
     with pytest.raises(ConfigError, match=r"^\[daemon\] slo: .*ttft must be a number"):

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .costmodel import load_profile
+from .costmodel import Profile, load_profile
 from .scheduling.policyset import PolicyError, PolicySet
 
 if TYPE_CHECKING:
-    from .des.flipadvisor import SplitAdvisor
+    from .des.slo import SloSet
 
 Role = Literal["prefill", "decode", "colocated"]
 
@@ -167,17 +167,6 @@ class DaemonSettings(BaseSettings):
 
     def needs_token(self) -> bool:
         return not is_loopback(self.host) or not is_loopback(self.grpc_host)
-
-
-SIM_MODEL_NAME = "tetri-sim"  # what a sim engine's clients send without served_model_name
-
-
-def served_name(engine: str, model: str | None, served_model_name: str | None) -> str:
-    """The model name a worker's clients send: `served_model_name`, else the model directory's name (vllm)
-    or `SIM_MODEL_NAME` (sim)."""
-    if served_model_name:
-        return served_model_name
-    return SIM_MODEL_NAME if engine == "sim" else Path(model or ".").resolve().name
 
 
 class WorkerSettings(BaseSettings):
@@ -386,15 +375,14 @@ def check_daemon_settings(s: DaemonSettings) -> None:
         raise ConfigError("daemon bound off loopback needs a token (--token or TETRI_DAEMON_TOKEN)")
     if start_policies(s).flip_policy == "advise" and s.profile is None:
         raise ConfigError("[daemon] policies.flip_policy: advise needs the cluster's cost profile (--profile)")
-    flip_advisor(s)
+    advisor_inputs(s)
 
 
-def flip_advisor(s: DaemonSettings) -> SplitAdvisor | None:
-    """The `advise` flip policy's model for this daemon: its profile and SLOs (None without a profile);
-    ConfigError names a bad one."""
+def advisor_inputs(s: DaemonSettings) -> tuple[Profile, SloSet] | None:
+    """The `advise` flip policy's inputs for this daemon: its cost profile and SLOs (None without a profile;
+    the daemon builds the advisor from them); ConfigError names a bad one."""
     if s.profile is None:
         return None
-    from .des.flipadvisor import SplitAdvisor  # the simulator: loaded only for a daemon with a profile
     from .des.slo import parse_slos
     from .des.workloads import WorkloadSpecError
 
@@ -403,7 +391,7 @@ def flip_advisor(s: DaemonSettings) -> SplitAdvisor | None:
     except (ValueError, OSError) as e:
         raise ConfigError(f"[daemon] profile: {e}") from None
     try:
-        return SplitAdvisor(profile, parse_slos(s.slo))
+        return profile, parse_slos(s.slo)
     except WorkloadSpecError as e:
         raise ConfigError(f"[daemon] slo: {e}") from None
 

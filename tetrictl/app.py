@@ -2,9 +2,9 @@
 `tetrictl.cli:main`)."""
 
 if __name__ == "__main__":  # `python -m tetrictl.app` starts as light as the `tetrictl` script does
-    from tetrictl.cli import UNUSED_MODULES, mark_absent
+    from tetrictl.startup import mark_absent
 
-    mark_absent(UNUSED_MODULES)
+    mark_absent()
 
 import os
 from pathlib import Path

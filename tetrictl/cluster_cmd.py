@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from tetri.config import served_name
 from tetri.logsetup import FORMATS as LOG_FORMATS
 from tetri.logsetup import LEVELS as LOG_LEVELS
+from tetri.naming import served_name
 from tetri.scheduling.colocated import BASELINES
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.presets import DEFAULT_PRESET

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from tetri import eventloop
 from tetri.clock import ScaledClock
-from tetri.config import WorkerSettings, served_name
+from tetri.config import WorkerSettings
 from tetri.gcheap import freeze_startup_heap
 from tetri.logsetup import configure_logging
+from tetri.naming import served_name
 from tetri.proto import rpc
 from tetri.proto.peers import Peers
 from tetri.proto.security import PortInUse, Tls, make_server

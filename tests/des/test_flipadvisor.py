@@ -7,7 +7,7 @@ import pytest
 from tetri.costmodel import load_profile
 from tetri.des.cluster import ClusterConfig, simulate
 from tetri.des.experiments import TETRI_POLICY
-from tetri.des.flipadvisor import SplitAdvisor
+from tetri.des.flipadvisor import SplitAdvisor, advising
 from tetri.des.trace import Seen, window_workload
 from tetri.des.workloads import Request, make_workload
 
@@ -77,7 +77,7 @@ def shifting() -> list[Request]:
 def test_simulated_advise_follows_the_shift_and_conserves_kv() -> None:
     reqs = shifting()
     pol = TETRI_POLICY.changed(flip_policy="advise", flip_window_s=10.0)
-    cfg = ClusterConfig(profile="llama3-8b-h100", instances=4, prefill_instances=3, policy=pol)
+    cfg = advising(ClusterConfig(profile="llama3-8b-h100", instances=4, prefill_instances=3, policy=pol))
     res = simulate(reqs, cfg, check_kv=True)
     fixed = simulate(
         reqs, ClusterConfig(profile="llama3-8b-h100", instances=4, prefill_instances=3, policy=TETRI_POLICY)
@@ -88,3 +88,13 @@ def test_simulated_advise_follows_the_shift_and_conserves_kv() -> None:
     assert sum(r.jct for r in res.requests) < sum(r.jct for r in fixed.requests)
     again = simulate(reqs, cfg)
     assert [(f.instance_id, f.started) for f in again.flips] == [(f.instance_id, f.started) for f in res.flips]
+
+
+def test_the_simulator_takes_the_advisor_as_data() -> None:
+    pol = TETRI_POLICY.changed(flip_policy="advise", flip_window_s=10.0)
+    bare = ClusterConfig(profile="llama3-8b-h100", instances=4, prefill_instances=3, policy=pol)
+    with pytest.raises(ValueError, match="advisor"):
+        simulate(shifting()[:20], bare)
+    assert advising(bare).advisor is not None and advising(advising(bare)) == advising(bare)
+    fixed = ClusterConfig(profile="llama3-8b-h100", instances=4, prefill_instances=3, policy=TETRI_POLICY)
+    assert advising(fixed) is fixed  # no advise policy, no advisor

@@ -44,7 +44,7 @@ from tetri.scheduling.policyset import PolicySet
 
 from .cluster import ClusterConfig, simulate
 from .experiments import PAPER_ACCURACY, TETRI_POLICY
-from .metrics import summarize
+from .outcome import offered_rate, outcome, score
 from .records import RunResult
 from .slo import DEFAULT_SLO, SloSet
 from .workloads import Request, WorkloadSpecError
@@ -176,33 +176,6 @@ def setup_config(spec: AdviceSpec, setup: dict[str, Any]) -> ClusterConfig:
     )
 
 
-def offered_rate(requests: Sequence[Request]) -> float | None:
-    """Requests per second over the arrival span; None when they all arrive at once."""
-    span = max(r.arrival for r in requests) - min(r.arrival for r in requests)
-    return (len(requests) - 1) / span if span > 0 and len(requests) > 1 else None
-
-
-def outcome(result: RunResult, slo: SloSet, price: float, rate: float | None) -> dict[str, Any]:
-    """What a setup gives on the workload: goodput (module docstring), latency percentiles, $ per M tokens;
-    the bench's `summarize` gives the share within the SLOs, the p99s, the JCT and the cost."""
-    m = summarize(result, price, slo)
-    reqs = result.requests
-    tpots = [r.tpot for r in reqs if r.output_len > 1]
-    tokens = sum(r.output_len for r in reqs)
-    return {
-        "goodput_rps": (rate if rate is not None else result.offered / result.makespan) * m["slo_attainment"],
-        "within_slo": m["slo_attainment"],
-        "rejected": m["rejected"],
-        "p50_ttft_s": float(np.percentile([r.ttft for r in reqs], 50)) if reqs else 0.0,
-        "p99_ttft_s": m["p99_ttft_s"],
-        "p50_tpot_s": float(np.percentile(tpots, 50)) if tpots else 0.0,
-        "p99_tpot_s": m["p99_tpot_s"],
-        "avg_jct_s": m["avg_jct_s"],
-        "usd_per_m_tokens": m["cost_usd"] / tokens * 1e6 if tokens else 0.0,
-        "makespan_s": m["makespan_s"],
-    }
-
-
 EVEN = 0.01  # goodputs within 1% of each other count as equal: the lower mean JCT decides
 
 
@@ -218,11 +191,6 @@ def best(setups: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _kept(setup: dict[str, Any]) -> dict[str, Any]:
     return {"policies": setup["policies"], "outcome": setup["outcome"]}
-
-
-def score(o: dict[str, Any]) -> tuple[float, float]:
-    """How setups rank: goodput, then the lower mean JCT."""
-    return (round(o["goodput_rps"], 9), -o["avg_jct_s"])
 
 
 def advise(

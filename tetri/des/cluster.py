@@ -43,7 +43,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from tetri.costmodel import CostModel, Profile, load_profile
 from tetri.scheduling.cacheindex import CacheEvents, CacheIndex
@@ -60,8 +60,13 @@ from .slo import DEFAULT_SLO, SloSet
 from .trace import Seen
 from .workloads import Request
 
-if TYPE_CHECKING:
-    from .flipadvisor import SplitAdvisor
+
+class Advisor(Protocol):
+    """The `advise` flip policy's model (`tetri.des.flipadvisor.SplitAdvisor`): the split the requests seen
+    in the last window wanted."""
+
+    def advise(self, seen: Sequence[Seen], policies: PolicySet, prefill: int, decode: int) -> SplitAdvice | None: ...
+
 
 MODES = ("tetri", "vanilla")
 
@@ -91,6 +96,8 @@ class ClusterConfig:
     seed: int = 0
     colocated_instances: int = 0  # tetri mode: beside the prefill and decode instances
     prefix_caching: bool = True  # each instance's prefix cache (vLLM's default; requests with hash ids use it)
+    # the `advise` flip policy's model (`flipadvisor.advising(config)` sets one): data, not built here
+    advisor: Advisor | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -249,15 +256,15 @@ class _Sim:
             self.index.limit(inst.iid, self.block, self.cap // self.block)
         self.turns: Counter[str] = Counter()  # round-robin's turn per entry role
         self.watcher: FlipWatcher | None = watcher
-        self.advisor: SplitAdvisor | None = None
+        self.advisor: Advisor | None = None
         self.transitions: TransitionWatcher | None = None
         if self.watcher is None and pol.flip_policy != "off" and config.mode == "tetri":
             self.transitions = TransitionWatcher(pol.flip_policy, pol.flip_low, pol.flip_high, pol.flip_window_s)
             self.watcher = self.transitions
             if pol.flip_policy == "advise":
-                from .flipadvisor import SplitAdvisor  # it replays windows on this simulator
-
-                self.advisor = SplitAdvisor(profile, config.slo, seed=config.seed)
+                if config.advisor is None:
+                    raise ValueError("flip_policy advise needs ClusterConfig.advisor (flipadvisor.advising)")
+                self.advisor = config.advisor
         self.reqs: dict[str, _Req] = {}
         ordered = sorted(enumerate(workload), key=lambda x: (x[1].arrival, x[0]))
         for seq, (_, r) in enumerate(ordered):

@@ -35,6 +35,7 @@ from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.presets import TETRIINFER
 
 from .cluster import ClusterConfig, simulate
+from .flipadvisor import advising
 from .metrics import HEADLINE, relative_change, summarize
 from .records import RunResult
 from .slo import DEFAULT_SLO, SloSet
@@ -316,7 +317,7 @@ def ablation_flip(
     rows = []
     for label, flip in (("fixed split", "off"), ("flips (idle watcher)", "idle"), ("flips (advise)", "advise")):
         pol = TETRI_POLICY.changed(flip_policy=flip, flip_window_s=window_s)
-        res = runner(requests, tetri_config(hw, pol))
+        res = runner(requests, advising(tetri_config(hw, pol)))  # the advise policy's model, as data
         m = summarize(res, setup.price, setup.slo)
         rows.append(
             {

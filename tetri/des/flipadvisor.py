@@ -5,7 +5,7 @@ requests that arrived in the last window as its status table shows them (`trace.
 running, an answer length for each by `trace.window_workload`). `SplitAdvisor` replays them on the
 simulator at every split of the active instances (1 … n−1 prefill; past 16 instances, `candidate_splits`),
 with the live policies (flips off), and answers the split with the highest goodput within the SLOs — the
-scoring of `tetrictl advise` (`advise.outcome`, `advise.score`: goodput, then the lower mean JCT). The
+scoring of `tetrictl advise` (`outcome.outcome`, `outcome.score`: goodput, then the lower mean JCT). The
 current split stays unless another beats it by more than `margin` (goodput higher by that share, or the
 same goodput and a mean JCT lower by that share), so a window that any split serves alike flips nothing;
 fewer than `min_requests` requests in the window are no evidence and give no advice.
@@ -19,15 +19,15 @@ Pure: requests and policies in, `SplitAdvice` out; the same object serves live a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tetri.costmodel import Profile
+from tetri.costmodel import Profile, load_profile
 from tetri.scheduling.flip import SplitAdvice
 from tetri.scheduling.policyset import PolicySet
 
-from .advise import offered_rate, outcome, score
 from .cluster import ClusterConfig, simulate
+from .outcome import offered_rate, outcome, score
 from .slo import DEFAULT_SLO, SloSet
 from .trace import Seen, window_workload
 from .workloads import Request
@@ -83,3 +83,12 @@ class SplitAdvisor:
             return True
         same = abs(o["goodput_rps"] - than["goodput_rps"]) <= than["goodput_rps"] * 1e-9
         return same and o["avg_jct_s"] < than["avg_jct_s"] * (1 - self.margin)
+
+
+def advising(config: ClusterConfig) -> ClusterConfig:
+    """`config` with the `advise` flip policy's model for its profile, SLOs and seed (the simulator takes
+    the advisor as data: `ClusterConfig.advisor`); unchanged when its policy does not flip by advice."""
+    if config.policy.flip_policy != "advise" or config.advisor is not None:
+        return config
+    profile = load_profile(config.profile) if isinstance(config.profile, str) else config.profile
+    return replace(config, advisor=SplitAdvisor(profile, config.slo, seed=config.seed))

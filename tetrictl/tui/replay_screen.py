@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from rich.markup import escape
 from textual.app import ComposeResult
@@ -15,8 +15,18 @@ from textual.widgets import Button, Footer, Header, Input, Label, ProgressBar, S
 from ..output import fmt
 from ..replay import ORDERS, Progress
 
-if TYPE_CHECKING:
-    from .app import TopApp
+
+class ReplayHost(Protocol):
+    """What the screen needs of its app (the dashboard's `TopApp`): the replay's state and its controls."""
+
+    replay_info: dict[str, object]
+    replay_progress: Progress | None
+    replay_error: str
+    replay_running: bool
+
+    def start_replay(self, path: Path, order: str) -> None: ...
+
+    def stop_replay(self) -> None: ...
 
 
 def progress_text(info: dict[str, object], p: Progress | None) -> str:
@@ -47,8 +57,8 @@ class ReplayScreen(Screen[None]):
         self.plan_path = plan_path
 
     @property
-    def top(self) -> TopApp:
-        return self.app  # type: ignore[return-value]
+    def top(self) -> ReplayHost:
+        return self.app  # type: ignore[return-value]  # the app that pushed it: a ReplayHost
 
     def compose(self) -> ComposeResult:
         yield Header()
