@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from tetri.costmodel import load_profile
+from tetrictl.client import SseStream
 from tetrictl.output import table
 from tetrictl.procs import LocalCluster, start_local_cluster
 from workers.engines.sim import sim_token
@@ -67,17 +68,15 @@ class Stream:
                 if r.status_code != 200:
                     await r.aread()
                     return
-                async for line in r.aiter_lines():
-                    if line == "data: [DONE]":
-                        self.done = True
-                    elif line.startswith("data: "):
-                        doc = json.loads(line[6:])
-                        if "error" in doc:
-                            self.errors.append(doc["error"])
-                            continue
-                        self.id = doc["id"]
-                        self.tokens += doc["choices"][0].get("token_ids") or []
-                        self.finish = doc["choices"][0]["finish_reason"] or self.finish
+                stream = SseStream(r)
+                async for doc in stream:
+                    if "error" in doc:
+                        self.errors.append(doc["error"])
+                        continue
+                    self.id = doc["id"]
+                    self.tokens += doc["choices"][0].get("token_ids") or []
+                    self.finish = doc["choices"][0]["finish_reason"] or self.finish
+                self.done = stream.done
         except httpx.TransportError as e:
             self.closed = type(e).__name__
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 import time
@@ -51,6 +50,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tetri import eventloop
+from tetrictl.client import SseStream
 from tetrictl.procs import LocalCluster, start_local_cluster
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -101,10 +101,7 @@ async def send(url: str, n: int, prompt: int, max_tokens: int, concurrency: int)
                 left[0] -= 1
                 async with client.stream("POST", "/v1/completions", json=body) as resp:
                     resp.raise_for_status()
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        msg = json.loads(line[6:])
+                    async for msg in SseStream(resp):
                         if "error" in msg:
                             raise RuntimeError(msg["error"])
                         n = sum(len(c.get("token_ids") or []) for c in msg.get("choices", []))

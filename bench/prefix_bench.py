@@ -53,6 +53,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from tetrictl.client import SseStream
+
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("vllm", "tetri-1", "tetri-2-cache", "tetri-2-load")
 LABEL = {
@@ -116,10 +118,7 @@ async def converse(
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
                 raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                msg = json.loads(line[6:])
+            async for msg in SseStream(resp):
                 if "error" in msg:
                     raise RuntimeError(f"stream error: {msg['error']}")
                 for choice in msg.get("choices") or []:

@@ -57,6 +57,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from tetrictl.client import SseStream
 from tetrictl.procs import spawn, stop_all, wait_ready
 
 DTYPE, BLOCK, MAX_LEN, BATCHED = "float32", 32, 1024, 512
@@ -135,10 +136,7 @@ async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tok
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            msg = json.loads(line[6:])
+        async for msg in SseStream(resp):
             if "error" in msg:
                 raise RuntimeError(f"stream error: {msg['error']}")
             n = sum(len(c.get("token_ids") or []) for c in msg.get("choices", []))

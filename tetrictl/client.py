@@ -11,9 +11,11 @@ Where the daemon is: `--url`/`--token` flags, else `TETRI_URL`/`TETRI_TOKEN`, el
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import tomllib
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,43 @@ def _message(resp: httpx.Response) -> str:
         if doc.get("detail"):
             return str(doc["detail"])
     return resp.reason_phrase
+
+
+class SseStream:
+    """An OpenAI-style streamed answer (`text/event-stream`: `data: {json}` events, then `data: [DONE]`), read
+    from an httpx response: ``async for doc in SseStream(r)`` (or ``for`` over a sync response) yields each
+    event's JSON document in order, an error event (``{"error": …}``) included; `done` is True once
+    `data: [DONE]` came (False: the stream was cut). The one reader of streams in tetrictl, its benches and
+    tests; other lines (comments, blank separators) are skipped."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.done = False
+
+    def _doc(self, line: str) -> dict[str, Any] | None:
+        if not line.startswith("data: "):
+            return None
+        if line == "data: [DONE]":
+            self.done = True
+            return None
+        doc: dict[str, Any] = json.loads(line[6:])
+        return doc
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        async for line in self.response.aiter_lines():
+            doc = self._doc(line)
+            if doc is not None:
+                yield doc
+            elif self.done:
+                return
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for line in self.response.iter_lines():
+            doc = self._doc(line)
+            if doc is not None:
+                yield doc
+            elif self.done:
+                return
 
 
 class TetriClient:

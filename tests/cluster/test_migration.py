@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tetri.costmodel import load_profile
+from tetrictl.client import SseStream
 from tetrictl.procs import spawn, stop_all, wait_ready
 from workers.engines.sim import sim_token
 
@@ -50,17 +51,15 @@ class Stream:
         body["return_token_ids"] = True
         async with h.stream("POST", "/v1/completions", json=body) as r:
             self.status = r.status_code
-            async for line in r.aiter_lines():
-                if line == "data: [DONE]":
-                    self.done = True
-                elif line.startswith("data: "):
-                    doc = json.loads(line[6:])
-                    if "error" in doc:
-                        self.errors.append(doc["error"])
-                        continue
-                    self.id = doc["id"]
-                    self.tokens += doc["choices"][0].get("token_ids") or []
-                    self.finish = doc["choices"][0]["finish_reason"] or self.finish
+            stream = SseStream(r)
+            async for doc in stream:
+                if "error" in doc:
+                    self.errors.append(doc["error"])
+                    continue
+                self.id = doc["id"]
+                self.tokens += doc["choices"][0].get("token_ids") or []
+                self.finish = doc["choices"][0]["finish_reason"] or self.finish
+            self.done = stream.done
 
 
 def prompts(n: int, length: int) -> list[list[int]]:

@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from tests.pgserver import PgServer
+from tetrictl.client import SseStream
 
 from .harness import LiveCluster, all_rows, start_cluster, wait_for
 
@@ -135,13 +136,11 @@ async def ask(h: httpx.AsyncClient, prompt: list[int], max_tokens: int, stream: 
         if r.status_code != 200:
             return Answer(r.status_code, body=json.loads(await r.aread()), retry_after=r.headers.get("retry-after"))
         rid, tokens = "", -1
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                rid = chunk["id"]
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
+        async for chunk in SseStream(r):
+            assert "error" not in chunk, chunk
+            rid = chunk["id"]
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
         return Answer(200, rid, tokens)
 
 

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import orjson
 import pytest
+
+from tetrictl.client import SseStream
 
 from .harness import LiveCluster, start_cluster
 
@@ -30,12 +31,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
 def test_events_carry_the_first_token_then_four_at_a_time(cluster: LiveCluster) -> None:
     body = {"model": MODEL, "prompt": [5, 6, 7, 8, 9], "max_tokens": 14, "ignore_eos": True, "return_token_ids": True}
     whole = httpx.post(cluster.url + "/v1/completions", json=body, timeout=30).json()["choices"][0]
-    events = []
     with httpx.stream("POST", cluster.url + "/v1/completions", json=body | {"stream": True}, timeout=30) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                events.append(orjson.loads(line[6:])["choices"][0])
+        events = [doc["choices"][0] for doc in SseStream(r)]
     sizes = [len(e["token_ids"]) for e in events]
     assert sizes == [1, 4, 4, 4, 1, 0], sizes  # the last: the finishing chunk, no tokens
     assert [t for e in events for t in e["token_ids"]] == whole["token_ids"]

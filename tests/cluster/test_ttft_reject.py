@@ -14,6 +14,8 @@ import httpx
 import orjson
 import pytest
 
+from tetrictl.client import SseStream
+
 from .harness import LiveCluster, all_rows, start_cluster
 
 pytestmark = pytest.mark.slow
@@ -46,10 +48,9 @@ def test_requests_past_the_ttft_target_get_429_and_are_recorded_rejected(cluster
             "POST", cluster.url + "/v1/completions", json=filler | {"prompt": [7 + i] * 1500}, timeout=60
         ) as r:
             assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    n += len(orjson.loads(line[6:])["choices"][0]["text"]) > 0
-                    started[i].set()
+            for doc in SseStream(r):
+                n += len(doc["choices"][0]["text"]) > 0
+                started[i].set()
         served.append(n)
 
     threads = [threading.Thread(target=fill, args=(i,)) for i in range(2)]

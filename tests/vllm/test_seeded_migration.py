@@ -15,7 +15,6 @@ answer. The first test checks the hook's draws against vLLM's own sampler, witho
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ import httpx
 import pytest
 
 from tests.vllm import cpu_kernels_for_this_cpu, need_vllm, vllm_kernels
+from tetrictl.client import SseStream
 from tetrictl.procs import spawn, stop_all, wait_ready
 from workers.engines.vllm import seeded
 
@@ -155,16 +155,14 @@ def stream_and_kill(c: dict, rid: str, victim: str, pin: str | None = None) -> l
     done, killed = False, False
     with httpx.stream("POST", f"{c['url']}/v1/completions", json={**body(rid, pin), "stream": True}, timeout=120) as r:
         assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                doc = json.loads(line[6:])
-                assert "error" not in doc, doc
-                tokens += doc["choices"][0].get("token_ids") or []
-                if not killed and len(tokens) >= KILL_AFTER:
-                    c["workers"][victim].send_signal(signal.SIGKILL)
-                    killed = True
+        stream = SseStream(r)
+        for doc in stream:
+            assert "error" not in doc, doc
+            tokens += doc["choices"][0].get("token_ids") or []
+            if not killed and len(tokens) >= KILL_AFTER:
+                c["workers"][victim].send_signal(signal.SIGKILL)
+                killed = True
+        done = stream.done
     assert done and killed, (done, killed, len(tokens))
     return tokens
 
