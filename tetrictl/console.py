@@ -6,7 +6,10 @@ message and exit code (docs/console.md): 0 ok, 1 refused or failed, 2 usage or b
 """
 
 import asyncio
+import functools
+import inspect
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -20,6 +23,7 @@ from .client import ClientError, Target, TetriClient, resolve_target
 from .output import fail, print_json
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 UrlOpt = Annotated[
     str | None,
@@ -32,6 +36,54 @@ CtlConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="TOML file with a [ctl] table: url, token (env TETRI_CONFIG).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """The options every command that talks to the daemon shares (--url, --token, --config, --json; the CA
+    file is tetrictl's own --ca-file), as one object: `daemon_command` gives it to the command."""
+
+    url: str | None = None
+    token: str | None = None
+    config: Path | None = None
+    json_out: bool = False
+
+    def target(self) -> Target:
+        return target(self.url, self.token, self.config)
+
+    def call(
+        self,
+        body: Callable[[TetriClient], Awaitable[T]],
+        render: Callable[[T], None],
+        to_json: Callable[[T], Any] | None = None,
+    ) -> T:
+        """`call` against this daemon, printing as --json says."""
+        return call(self.target(), body, render, self.json_out, to_json)
+
+
+_DAEMON_OPTIONS = (
+    inspect.Parameter("url", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=UrlOpt),
+    inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TokenOpt),
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=CtlConfigOpt),
+    inspect.Parameter("json_out", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt),
+)
+
+
+def daemon_command(fn: Callable[..., R]) -> Callable[..., R]:
+    """A command that talks to the daemon: `fn(daemon: Daemon, …its own options)` becomes a Typer command
+    with the shared options after its own (declared once, here)."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = [p for name, p in sig.parameters.items() if name != "daemon"]
+
+    @functools.wraps(fn)
+    def command(*args: Any, url: str | None, token: str | None, config: Path | None, json_out: bool, **kw: Any) -> R:
+        return fn(Daemon(url, token, config, json_out), *args, **kw)
+
+    hints = {p.name: p.annotation for p in own} | {p.name: p.annotation for p in _DAEMON_OPTIONS}
+    command.__signature__ = sig.replace(parameters=[*own, *_DAEMON_OPTIONS])  # type: ignore[attr-defined]
+    command.__annotations__ = hints | {"return": sig.return_annotation}
+    del command.__wrapped__  # Typer reads the signature above, not fn's
+    return command
 
 
 def target(url: str | None, token: str | None, config: Path | None) -> Target:

@@ -9,7 +9,7 @@ import typer
 from tetri.scheduling.flip import FLIP_POLICIES, ROLES
 
 from .client import ClientError, TetriClient
-from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
+from .console import Daemon, daemon_command
 from .output import fail, out, table
 
 flip_policy_app = typer.Typer(help="The transition watcher's flip policy.", no_args_is_help=True, rich_markup_mode=None)
@@ -49,7 +49,9 @@ async def wait_flip(c: TetriClient, flip_id: int, timeout: float) -> dict[str, A
         await asyncio.sleep(0.2)
 
 
+@daemon_command
 def flip(
+    daemon: Daemon,
     instance_id: Annotated[str, typer.Argument(help="The instance to flip.")],
     to: Annotated[
         str | None,
@@ -58,10 +60,6 @@ def flip(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it has drained and changed role.")] = False,
     timeout: Annotated[float, typer.Option(help="With --wait: give up waiting after this many seconds.")] = 600.0,
     reason: Annotated[str, typer.Option(help="Recorded in the flips table.")] = "manual",
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Flip an instance to another role: it stops taking work, drains, changes role and announces it.
     Exit 1 when the daemon refuses (already flipping, nothing else could serve while it drains)."""
@@ -85,7 +83,7 @@ def flip(
         else:
             out.print(f"flipping {d['instance_id']}: {d['from_role']} → {d['to_role']} (flip {d['id']}, draining)")
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 flips_app = typer.Typer(
@@ -96,30 +94,30 @@ flips_app = typer.Typer(
 
 
 @flips_app.callback(invoke_without_command=True)
+@daemon_command
 def flips_root(
+    daemon: Daemon,
     ctx: typer.Context,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """The flips table (as flips ls)."""
     if ctx.invoked_subcommand is None:
-        flips(url, token, config, json_out)
+        show_flips(daemon)
 
 
 @flips_app.command("ls")
-def flips(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+@daemon_command
+def flips(daemon: Daemon) -> None:
     """The flips table: every flip, who asked, when it drained and finished."""
+    show_flips(daemon)
 
+
+def show_flips(daemon: Daemon) -> None:
     async def body(c: TetriClient) -> list[dict[str, Any]]:
         return await c.flips()
 
-    call(
-        target(url, token, config),
+    daemon.call(
         body,
         lambda rows: table("flips", FLIP_COLUMNS, [flip_row(f) for f in rows]),
-        json_out,
         lambda rows: {"flips": rows},
     )
 
@@ -129,9 +127,8 @@ def _flip_policy(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 @flip_policy_app.command("show")
-def flip_policy_show(
-    url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False
-) -> None:
+@daemon_command
+def flip_policy_show(daemon: Daemon) -> None:
     """The flip policy: idle flips an instance whose load stays below --low for --window seconds while
     the other role's average load is above --high; advise replays the last --window seconds of requests
     on the simulator at every P:D split and flips one instance at a time toward the best (the daemon needs
@@ -140,13 +137,13 @@ def flip_policy_show(
     async def body(c: TetriClient) -> dict[str, Any]:
         return _flip_policy(await c.policies())
 
-    call(
-        target(url, token, config), body, lambda d: table("flip policy", ("field", "value"), list(d.items())), json_out
-    )
+    daemon.call(body, lambda d: table("flip policy", ("field", "value"), list(d.items())))
 
 
 @flip_policy_app.command("set")
+@daemon_command
 def flip_policy_set(
+    daemon: Daemon,
     policy: Annotated[str | None, typer.Option("--policy", help=f"One of {', '.join(FLIP_POLICIES)}.")] = None,
     low: Annotated[float | None, typer.Option("--low", help="Load below which an instance is idle (0–1).")] = None,
     high: Annotated[
@@ -158,10 +155,6 @@ def flip_policy_set(
             "--window", help="idle: seconds the instance must stay idle; advise: seconds of requests replayed."
         ),
     ] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Change the flip policy at runtime (validated by the daemon, audited). --policy advise flips toward
     the P:D split that serves the last window's requests best (docs/cluster.md)."""
@@ -177,4 +170,4 @@ def flip_policy_set(
         table("flip policy", ("field", "value"), [(k, v) for k, v in d.items() if k != "changed"])
         out.print(f"changed: {', '.join(d['changed']) or 'nothing'}")
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)

@@ -16,7 +16,7 @@ from tetri.scheduling.presets import PRESET_NAMES, PRESETS, PresetError, advised
 from tetri.scheduling.routing import PD_ROUTES
 
 from .client import TetriClient
-from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
+from .console import Daemon, daemon_command
 from .output import fail, out, table
 
 app = typer.Typer(
@@ -29,7 +29,8 @@ def _choices(names: tuple[str, ...]) -> str:
 
 
 @app.command("show")
-def show(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+@daemon_command
+def show(daemon: Daemon) -> None:
     """Every runtime policy and the version the workers acknowledge."""
 
     async def body(c: TetriClient) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def show(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None
     def render(d: dict[str, Any]) -> None:
         table(f"policies (version {d['version']})", ("field", "value"), list(d["policies"].items()))
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 PresetOpt = Annotated[
@@ -76,7 +77,9 @@ def preset_policies(name: str, advice: Path | None) -> PolicySet:
 
 
 @app.command("set")
+@daemon_command
 def set_(
+    daemon: Daemon,
     policies: PresetOpt = None,
     advice: AdviceOpt = None,
     prefill: Annotated[
@@ -184,10 +187,6 @@ def set_(
             "this many more requests waiting or running than the least loaded.",
         ),
     ] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Change policies; the daemon validates them together (a bad value: exit 2 naming the field),
     applies them without restart and records each change in the audit table. --policies NAME sets every
@@ -232,11 +231,12 @@ def set_(
     def render(d: dict[str, Any]) -> None:
         out.print(f"version {d['version']}; changed: {', '.join(d['changed']) or 'nothing'}")
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 @app.command("history")
-def history(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+@daemon_command
+def history(daemon: Daemon) -> None:
     """The audit table: every policy change, oldest first."""
 
     async def body(c: TetriClient) -> list[dict[str, Any]]:
@@ -258,4 +258,4 @@ def history(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = N
             ],
         )
 
-    call(target(url, token, config), body, render, json_out, lambda rows: {"changes": rows})
+    daemon.call(body, render, lambda rows: {"changes": rows})

@@ -8,7 +8,7 @@ import typer
 
 from . import exitcodes
 from .client import ClientError, TetriClient
-from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, target
+from .console import Daemon, daemon_command
 from .output import err, fail, fmt, out, print_json, real, user_errors
 
 if TYPE_CHECKING:
@@ -42,7 +42,9 @@ def progress_table(info: dict[str, Any], p: "Progress") -> "Table":
     return t
 
 
+@daemon_command
 def replay(
+    daemon: Daemon,
     plan: Annotated[Path, typer.Argument(help="Plan file from tetrictl plan solve (tetri-plan/1).")],
     instance: Annotated[
         str | None, typer.Option("--instance", help="Decode instance to replay on (default: the least busy).")
@@ -62,10 +64,6 @@ def replay(
         bool,
         typer.Option("--force", help="Replay a plan that does not fit the instance (context, KV memory) anyway."),
     ] = False,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Replay a plan's backlog on the live cluster: its requests (synthetic prompts of the planned lengths,
     exactly the planned output lengths) go to one decode instance switched to plan admission (M = its
@@ -90,13 +88,13 @@ def replay(
         if workload is not None:
             w = parse_jsonl(workload.read_text(encoding="utf-8").splitlines(), source=str(workload))
         items = backlog(the_plan, w)
-    tgt = target(url, token, config)
+    tgt = daemon.target()
 
     async def go() -> "tuple[dict[str, Any], Progress]":
         async with TetriClient(tgt) as c:
             r = Replay(c, the_plan, items, instance, order, speed, force=force)
             info = await r.prepare()
-            if follow and not json_out:
+            if follow and not daemon.json_out:
                 with Live(progress_table(info, Progress(len(items))), console=real(out), refresh_per_second=4) as live:
                     final = await r.run(lambda p: live.update(progress_table(info, p)))
             else:
@@ -111,7 +109,7 @@ def replay(
         err.print("replay stopped: its requests still running are cancelled, the instance's policy restored")
         raise typer.Exit(exitcodes.REFUSED) from None
     doc = info | {"progress": final.to_dict()}
-    if json_out:
+    if daemon.json_out:
         print_json(doc)
     elif not follow:
         out.print(progress_table(info, final))

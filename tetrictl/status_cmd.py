@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from .client import ClientError, TetriClient
-from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, ago, call, target, when
+from .console import Daemon, ago, daemon_command, when
 from .output import err, fail, out, table
 
 instances_app = typer.Typer(help="Prefill/decode/colocated instances.", no_args_is_help=True, rich_markup_mode=None)
@@ -51,7 +51,8 @@ def instance_row(i: dict[str, Any]) -> list[Any]:
     ]
 
 
-def models(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+@daemon_command
+def models(daemon: Daemon) -> None:
     """The models the cluster serves: each one's context (the least its instances announce) and its
     instances by role (active of registered). Reads the admin API, so the admin token is enough."""
 
@@ -77,10 +78,11 @@ def models(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = No
         ]
         table("models", ("model", "context", "instances (active/registered)"), rows)
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
-def status(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False) -> None:
+@daemon_command
+def status(daemon: Daemon) -> None:
     """Cluster summary: model, mode, instances by role, requests by status, policies."""
 
     async def body(c: TetriClient) -> dict[str, Any]:
@@ -103,50 +105,43 @@ def status(url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = No
         )
         table("instances", INSTANCE_COLUMNS, [instance_row(i) for i in d["instance_list"]])
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 @instances_app.command("ls")
-def instances_ls(
-    url: UrlOpt = None, token: TokenOpt = None, config: CtlConfigOpt = None, json_out: JsonOpt = False
-) -> None:
+@daemon_command
+def instances_ls(daemon: Daemon) -> None:
     """List instances with their load; a cordoned instance's state says so (active,cordoned)."""
 
     async def body(c: TetriClient) -> list[dict[str, Any]]:
         return await c.instances()
 
-    call(
-        target(url, token, config),
+    daemon.call(
         body,
         lambda rows: table("instances", INSTANCE_COLUMNS, [instance_row(i) for i in rows]),
-        json_out,
         lambda rows: {"instances": rows},
     )
 
 
 @instances_app.command("show")
+@daemon_command
 def instances_show(
+    daemon: Daemon,
     instance_id: Annotated[str, typer.Argument(help="Instance id (see instances ls).")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """One instance: load, KV, address, policy version."""
 
     async def body(c: TetriClient) -> dict[str, Any]:
         return await c.instance(instance_id)
 
-    call(target(url, token, config), body, lambda d: table(d["id"], ("field", "value"), list(d.items())), json_out)
+    daemon.call(body, lambda d: table(d["id"], ("field", "value"), list(d.items())))
 
 
 @instances_app.command("cordon")
+@daemon_command
 def instances_cordon(
+    daemon: Daemon,
     instance_id: Annotated[str, typer.Argument(help="Instance id (see instances ls).")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Mark an instance unschedulable: the daemon sends it no new work (no new prompts; a decode
     instance, no new hand-overs) while what runs there runs to completion. It stays registered and
@@ -159,16 +154,14 @@ def instances_cordon(
     def render(d: dict[str, Any]) -> None:
         out.print(f"instance {d['id']} {'cordoned' if d['changed'] else 'already cordoned'}")
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 @instances_app.command("uncordon")
+@daemon_command
 def instances_uncordon(
+    daemon: Daemon,
     instance_id: Annotated[str, typer.Argument(help="Instance id (see instances ls).")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Mark an instance schedulable again: the daemon routes new work to it. Exit 2 for an unknown
     instance."""
@@ -179,7 +172,7 @@ def instances_uncordon(
     def render(d: dict[str, Any]) -> None:
         out.print(f"instance {d['id']} {'uncordoned' if d['changed'] else 'was not cordoned'}")
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 async def wait_drained(c: TetriClient, instance_id: str, timeout: float) -> dict[str, Any]:
@@ -200,13 +193,11 @@ async def wait_drained(c: TetriClient, instance_id: str, timeout: float) -> dict
 
 
 @instances_app.command("drain")
+@daemon_command
 def instances_drain(
+    daemon: Daemon,
     instance_id: Annotated[str, typer.Argument(help="Instance id (see instances ls).")],
     timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds.")] = 300.0,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Cordon an instance, then wait until nothing is in flight there (its requests ran to completion).
     It does not stop the worker process (as kubectl drain does not delete the node): stop it yourself,
@@ -226,14 +217,16 @@ def instances_drain(
         out.print(f"instance {iid} drained in {d['waited_s']:.1f}s: cordoned, nothing in flight")
         out.print(f"its worker still runs; tetrictl instances uncordon {iid} puts it back in service")
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 REQUEST_COLUMNS = ("id", "phase", "status", "prompt", "output", "TTFT ms", "JCT ms", "prefill", "decode", "arrived")
 
 
 @requests_app.command("ls")
+@daemon_command
 def requests_ls(
+    daemon: Daemon,
     phase: Annotated[str | None, typer.Option(help=f"Only this phase: {', '.join(PHASES)}.")] = None,
     status_: Annotated[str | None, typer.Option("--status", help=f"Only this status: {', '.join(STATUSES)}.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many (1–1000), newest first.")] = 20,
@@ -241,10 +234,6 @@ def requests_ls(
     id_prefix: Annotated[
         str | None, typer.Option("--id-prefix", help="Only the requests whose id starts with this (≤ 64 characters).")
     ] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """List requests from the status table, newest first."""
     if phase is not None and phase not in PHASES:
@@ -285,16 +274,14 @@ def requests_ls(
             title = "requests: none" if not total else f"requests: none past the first {offset:,} of {total:,}"
         table(title, REQUEST_COLUMNS, rows)
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 @requests_app.command("show")
+@daemon_command
 def requests_show(
+    daemon: Daemon,
     request_id: Annotated[str, typer.Argument(help="Request id.")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """One request: its row and its timeline (queued → prefill → first token → decode → done)."""
 
@@ -309,11 +296,13 @@ def requests_show(
             "timeline", ("phase", "at (ms after arrival)"), [(p["phase"], 1000 * (p["ts"] - t0)) for p in d["timeline"]]
         )
 
-    call(target(url, token, config), body, render, json_out)
+    daemon.call(body, render)
 
 
 @requests_app.command("cancel")
+@daemon_command
 def requests_cancel(
+    daemon: Daemon,
     request_id: Annotated[str | None, typer.Argument(help="Request id (must be in flight).")] = None,
     status_: Annotated[
         str | None,
@@ -322,10 +311,6 @@ def requests_cancel(
     id_prefix: Annotated[
         str | None, typer.Option("--id-prefix", help="With --status running: ids starting with this (≤ 64 characters).")
     ] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Cancel an in-flight request (exit 1 if it is no longer in flight), or with --status running every
     in-flight request at once (--id-prefix P: those whose id starts with P, as in `requests ls`)."""
@@ -345,30 +330,28 @@ def requests_cancel(
         def said(d: dict[str, Any]) -> None:
             out.print(f"cancelled {d['count']:,} request{'' if d['count'] == 1 else 's'}")
 
-        call(target(url, token, config), many, said, json_out)
+        daemon.call(many, said)
         return
 
     async def body(c: TetriClient) -> dict[str, Any]:
         return await c.cancel(request_id)
 
-    call(target(url, token, config), body, lambda d: out.print(f"cancelled {d['id']}"), json_out)
+    daemon.call(body, lambda d: out.print(f"cancelled {d['id']}"))
 
 
 @requests_app.command("export")
+@daemon_command
 def requests_export(
+    daemon: Daemon,
     out_file: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write the trace here (default: standard output).")
     ] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    config: CtlConfigOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """The finished requests as a workload trace, one JSON line each (arrival_s from the first arrival,
     prompt_tokens, output_tokens): what tetrictl advise --trace reads."""
     from tetri.des.trace import rows_to_trace  # the simulator's numpy: only this command needs it
 
-    if out_file is not None and json_out:
+    if out_file is not None and daemon.json_out:
         fail("--output writes the trace as JSON lines; --json prints it as one document: give one of them")
     if out_file is not None and out_file.parent and not out_file.parent.is_dir():
         fail(f"--output {out_file}: {out_file.parent} is not a directory")
@@ -387,4 +370,4 @@ def requests_export(
             fail(f"cannot write {out_file}: {e.strerror or e}")
         err.print(f"{len(trace)} requests written to {out_file}")
 
-    call(target(url, token, config), body, render, json_out, lambda trace: {"requests": trace})
+    daemon.call(body, render, lambda trace: {"requests": trace})
