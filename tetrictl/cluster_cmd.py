@@ -6,6 +6,7 @@ import signal
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,11 +20,13 @@ from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.presets import DEFAULT_PRESET
 
 from . import exitcodes
+from .console import option, with_options
 from .output import fail, out, print_json
 from .policy_cmd import AdviceOpt, PresetOpt, preset_policies
 from .procs import StartError, start_local_cluster
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file ([daemon], [worker]).")]
+StateDirOpt = Annotated[Path | None, typer.Option(help="Directory of the SQLite status tables.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the ready report as one JSON document.")]
 
 daemon_app = typer.Typer(help="The control-plane daemon.", no_args_is_help=True, rich_markup_mode=None)
@@ -73,7 +76,54 @@ def _opt(args: list[str], flag: str, value: object) -> None:
         args += [flag, str(value)]
 
 
+def _flags(values: dict[str, Any]) -> list[str]:
+    """Options as the process's own command line spells them: `--name-with-dashes VALUE` for each given
+    (not None), a bare `--name` for a true flag, nothing for a false one."""
+    args: list[str] = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not None and value is not False:
+            args += [flag, str(value)]
+    return args
+
+
+# what every process `tetrictl … start` runs takes, declared once
+_PROCESS_OPTIONS = (
+    option(
+        "token",
+        Annotated[
+            str | None,
+            typer.Option(
+                help="The daemon's and a front's bearer token; a worker's cluster token, on every call to and "
+                "from it (required off loopback)."
+            ),
+        ],
+    ),
+    option("config", ConfigOpt),
+    option("log_level", LogLevelOpt),
+    option("log_file", LogFileOpt),
+    option("log_format", LogFormatOpt),
+)
+
+
+def process_command(module: str, *fixed: str) -> Callable[[Callable[..., list[str]]], Callable[..., None]]:
+    """`tetrictl daemon|front|worker start`: the command runs `module` in the foreground with its options as
+    flags (`_flags`), after the arguments `fn` returns for the options named in `fixed` (it checks them)."""
+
+    def deco(fn: Callable[..., list[str]]) -> Callable[..., None]:
+        def run(own: dict[str, Any], shared: dict[str, Any]) -> None:
+            lead = fn(**own)
+            _exec(module, lead + _flags({k: v for k, v in own.items() if k not in fixed} | shared))
+
+        return with_options(fn, _PROCESS_OPTIONS, run)
+
+    return deco
+
+
 @daemon_app.command("start")
+@process_command("daemon.main")
 def daemon_start(
     host: Annotated[str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
@@ -81,9 +131,8 @@ def daemon_start(
     grpc_host: Annotated[
         str | None, typer.Option(help="Control-plane gRPC bind address (default 127.0.0.1; 0.0.0.0: remote workers).")
     ] = None,
-    state_dir: Annotated[Path | None, typer.Option(help="Directory of the SQLite status tables.")] = None,
+    state_dir: StateDirOpt = None,
     db_url: Annotated[str | None, typer.Option(help="Any SQLAlchemy URL instead of the state dir.")] = None,
-    token: Annotated[str | None, typer.Option(help="Bearer token (required off loopback).")] = None,
     time_scale: Annotated[
         float | None, typer.Option(help="The cluster clock: model seconds per wall second (the sim workers').")
     ] = None,
@@ -95,36 +144,15 @@ def daemon_start(
         ),
     ] = None,
     stream_interval: StreamIntervalOpt = None,
-    config: ConfigOpt = None,
-    log_level: LogLevelOpt = None,
-    log_file: LogFileOpt = None,
-    log_format: LogFormatOpt = None,
-) -> None:
+) -> list[str]:
     """Run the daemon in the foreground (prints a JSON ready line)."""
     if fronts is not None and fronts < 1:
         fail("--fronts must be at least 1")
-    args: list[str] = []
-    for flag, v in (
-        ("--fronts", fronts),
-        ("--log-level", log_level),
-        ("--log-file", log_file),
-        ("--log-format", log_format),
-        ("--host", host),
-        ("--port", port),
-        ("--grpc-port", grpc_port),
-        ("--grpc-host", grpc_host),
-        ("--state-dir", state_dir),
-        ("--db-url", db_url),
-        ("--token", token),
-        ("--time-scale", time_scale),
-        ("--stream-interval", stream_interval),
-        ("--config", config),
-    ):
-        _opt(args, flag, v)
-    _exec("daemon.main", args)
+    return []
 
 
 @front_app.command("start")
+@process_command("daemon.main", "controller", "name", "front_port")
 def front_start(
     controller: Annotated[str, typer.Option(help="The controller's gRPC address, HOST:PORT.")],
     name: Annotated[str, typer.Option(help="The front's name (its status rows carry NAME.PID.RANDOM).")] = "front",
@@ -133,51 +161,19 @@ def front_start(
         int | None, typer.Option(help="HTTP port, shared with the host's other fronts (default 8000).")
     ] = None,
     front_port: Annotated[int, typer.Option(help="A port of this front's own besides --port (0: any).")] = 0,
-    state_dir: Annotated[Path | None, typer.Option(help="Directory of the SQLite status tables.")] = None,
+    state_dir: StateDirOpt = None,
     db_url: Annotated[
         str | None, typer.Option(help="The controller's database (PostgreSQL for fronts on several hosts).")
     ] = None,
-    token: Annotated[str | None, typer.Option(help="Bearer token (required off loopback).")] = None,
     stream_interval: StreamIntervalOpt = None,
-    config: ConfigOpt = None,
-    log_level: LogLevelOpt = None,
-    log_file: LogFileOpt = None,
-    log_format: LogFormatOpt = None,
-) -> None:
+) -> list[str]:
     """Run one front in the foreground, following the controller at --controller (prints a JSON ready line
     once it has the controller's view)."""
-    args = ["--role", "front", "--controller", controller, "--front-name", name, "--front-port", str(front_port)]
-    for flag, v in (
-        ("--log-level", log_level),
-        ("--log-file", log_file),
-        ("--log-format", log_format),
-        ("--host", host),
-        ("--port", port),
-        ("--state-dir", state_dir),
-        ("--db-url", db_url),
-        ("--token", token),
-        ("--stream-interval", stream_interval),
-        ("--config", config),
-    ):
-        _opt(args, flag, v)
-    _exec("daemon.main", args)
-
-
-def _vllm_flags(
-    max_num_seqs: int | None,
-    gpu_memory_utilization: float | None,
-    tensor_parallel_size: int | None,
-    load_format: str | None,
-) -> list[tuple[str, object]]:
-    return [
-        ("--max-num-seqs", max_num_seqs),
-        ("--gpu-memory-utilization", gpu_memory_utilization),
-        ("--tensor-parallel-size", tensor_parallel_size),
-        ("--load-format", load_format),
-    ]
+    return ["--role", "front", "--controller", controller, "--front-name", name, "--front-port", str(front_port)]
 
 
 @worker_app.command("start")
+@process_command("workers.main", "role", "daemon", "engine")
 def worker_start(
     role: Annotated[str, typer.Option(help="prefill, decode or colocated.")],
     daemon: Annotated[str, typer.Option(help="The daemon's control-plane gRPC address host:port.")] = "127.0.0.1:50051",
@@ -223,48 +219,9 @@ def worker_start(
     advertise: Annotated[
         str | None, typer.Option(help="host:port others reach this worker at (default: a routable bind address).")
     ] = None,
-    token: Annotated[
-        str | None, typer.Option(help="The cluster token: on every call, required of every call to this worker.")
-    ] = None,
-    config: ConfigOpt = None,
-    log_level: LogLevelOpt = None,
-    log_file: LogFileOpt = None,
-    log_format: LogFormatOpt = None,
-) -> None:
+) -> list[str]:
     """Run one worker in the foreground; it registers with the daemon (prints a JSON ready line)."""
-    args = ["--role", role, "--daemon", daemon, "--engine", engine]
-    for flag, v in (
-        ("--log-level", log_level),
-        ("--log-file", log_file),
-        ("--log-format", log_format),
-        ("--profile", profile),
-        ("--time-scale", time_scale),
-        ("--host", host),
-        ("--port", port),
-        ("--instance-id", instance_id),
-        ("--advertise", advertise),
-        ("--token", token),
-        ("--config", config),
-        ("--model", model),
-        ("--served-model-name", served_model_name),
-        ("--tokenizer", tokenizer),
-        ("--profiles-file", profiles_file),
-        ("--kv-connector", kv_connector),
-        ("--kv-store", kv_store),
-        ("--kv-lease-s", kv_lease_s),
-        ("--on-missing-kv", on_missing_kv),
-        ("--chunk-size", chunk_size),
-        ("--scheduling-policy", scheduling_policy),
-        ("--max-model-len", max_model_len),
-        ("--block-size", block_size),
-        ("--dtype", dtype),
-        ("--engine-cpus", engine_cpus),
-        *_vllm_flags(max_num_seqs, gpu_memory_utilization, tensor_parallel_size, load_format),
-    ):
-        _opt(args, flag, v)
-    if kv_both:
-        args.append("--kv-both")
-    _exec("workers.main", args)
+    return ["--role", role, "--daemon", daemon, "--engine", engine]
 
 
 def up(

@@ -61,29 +61,46 @@ class Daemon:
         return call(self.target(), body, render, self.json_out, to_json)
 
 
+def option(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
+    """A keyword option for `with_options`."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def with_options(
+    fn: Callable[..., Any],
+    shared: tuple[inspect.Parameter, ...],
+    run: Callable[[dict[str, Any], dict[str, Any]], R],
+    given: str | None = None,
+) -> Callable[..., R]:
+    """A Typer command made of `fn`'s own options (less the parameter `given`, which `run` supplies) and
+    `shared` ones, declared once for every command that shares them; `run(own values, shared values)` is
+    its body."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = [p for name, p in sig.parameters.items() if name != given]
+    names = {p.name for p in shared}
+
+    @functools.wraps(fn)
+    def command(**kw: Any) -> R:
+        return run({k: v for k, v in kw.items() if k not in names}, {k: v for k, v in kw.items() if k in names})
+
+    command.__signature__ = sig.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in (*own, *shared)} | {"return": sig.return_annotation}
+    del command.__wrapped__  # Typer reads the signature above, not fn's
+    return command
+
+
 _DAEMON_OPTIONS = (
-    inspect.Parameter("url", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=UrlOpt),
-    inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TokenOpt),
-    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=CtlConfigOpt),
-    inspect.Parameter("json_out", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt),
+    option("url", UrlOpt),
+    option("token", TokenOpt),
+    option("config", CtlConfigOpt),
+    option("json_out", JsonOpt, False),
 )
 
 
 def daemon_command(fn: Callable[..., R]) -> Callable[..., R]:
     """A command that talks to the daemon: `fn(daemon: Daemon, …its own options)` becomes a Typer command
-    with the shared options after its own (declared once, here)."""
-    sig = inspect.signature(fn, eval_str=True)
-    own = [p for name, p in sig.parameters.items() if name != "daemon"]
-
-    @functools.wraps(fn)
-    def command(*args: Any, url: str | None, token: str | None, config: Path | None, json_out: bool, **kw: Any) -> R:
-        return fn(Daemon(url, token, config, json_out), *args, **kw)
-
-    hints = {p.name: p.annotation for p in own} | {p.name: p.annotation for p in _DAEMON_OPTIONS}
-    command.__signature__ = sig.replace(parameters=[*own, *_DAEMON_OPTIONS])  # type: ignore[attr-defined]
-    command.__annotations__ = hints | {"return": sig.return_annotation}
-    del command.__wrapped__  # Typer reads the signature above, not fn's
-    return command
+    with the shared options (--url, --token, --config, --json) after its own."""
+    return with_options(fn, _DAEMON_OPTIONS, lambda own, shared: fn(Daemon(**shared), **own), given="daemon")
 
 
 def target(url: str | None, token: str | None, config: Path | None) -> Target:
