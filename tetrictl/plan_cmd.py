@@ -9,6 +9,8 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from tetri.planner.workload import Workload
 
 from .client import ClientError, Target, TetriClient
-from .console import CtlConfigOpt, TokenOpt, UrlOpt, target
+from .console import CtlConfigOpt, TokenOpt, UrlOpt, option, target, with_options
 from .output import fail, print_json, progress, table, user_errors
 
 app = typer.Typer(
@@ -77,6 +79,45 @@ def _improvement(evals: int | None, time_limit: float | None, seed: int, n: int 
         raise WorkloadError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
     budget = Budget(time_limit, time.perf_counter) if time_limit is not None else Budget()
     return Improve(budget, max_evals=default_evals(n) if evals is None else evals, seed=seed)
+
+
+@dataclass(frozen=True)
+class Planning:
+    """What solve, simulate and compare share: the solver and its bounds, --drop-oversized, --json."""
+
+    solver: str = "auto"
+    backfill: bool = False
+    drop: bool = False
+    seed: int = 0
+    evals: int | None = None
+    time_limit: float | None = None
+    json_out: bool = False
+
+    def check(self) -> None:
+        """A bad solver or bound fails before any work (WorkloadError naming the option)."""
+        from tetri.planner.solvers import check_solver
+
+        check_solver(self.solver)
+        self.improvement()
+
+    def improvement(self, n: int = 1) -> "Improve":
+        return _improvement(self.evals, self.time_limit, self.seed, n)
+
+
+_PLANNING = (
+    option("solver", SolverOpt, "auto"),
+    option("backfill", BackfillOpt, False),
+    option("drop", DropOpt, False),
+    option("seed", SeedOpt, 0),
+    option("evals", EvalsOpt),
+    option("time_limit", TimeLimitOpt),
+    option("json_out", JsonOpt, False),
+)
+
+
+def planning_command(fn: Callable[..., None]) -> Callable[..., None]:
+    """solve, simulate and compare: `fn(how: Planning, …its own options)`, the shared options declared once."""
+    return with_options(fn, _PLANNING, lambda own, shared: fn(Planning(**shared), **own), given="how")
 
 
 def _load(path: Path, memory: int, drop: bool, why: str = "") -> "tuple[Workload, int]":
@@ -149,7 +190,9 @@ def gen_cmd(
 
 
 @app.command("solve")
+@planning_command
 def solve_cmd(
+    how: Planning,
     workload: WorkloadArg,
     memory: Annotated[
         int | None, typer.Option("--memory", "-M", help="KV budget M in token slots (or --from-cluster).")
@@ -166,27 +209,18 @@ def solve_cmd(
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: CtlConfigOpt = None,
-    solver: SolverOpt = "auto",
     policy: Annotated[str, typer.Option("--policy", help="sorted-f, sorted-f-amin or sorted-lp.")] = "sorted-f",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan file here.")] = None,
-    backfill: BackfillOpt = False,
-    drop: DropOpt = False,
-    seed: SeedOpt = 0,
-    evals: EvalsOpt = None,
-    time_limit: TimeLimitOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Plan a backlog with Sorted-F and write the plan file (with its gap to the best lower bound)."""
     from tetri.planner.bounds import best_bound
     from tetri.planner.planfile import build_plan
     from tetri.planner.policies import check_policy, run_policy
-    from tetri.planner.solvers import check_solver
 
     with user_errors():
-        check_solver(solver)
-        _improvement(evals, time_limit, seed)  # bad bounds fail before any work
+        how.check()  # bad options fail before any work
         check_policy(policy)
-        if solver == "lp":
+        if how.solver == "lp":
             policy = "sorted-lp"
         if policy not in ("sorted-f", "sorted-f-amin", "sorted-lp"):
             raise WorkloadError(f"solve plans with sorted-f, sorted-f-amin or sorted-lp, not {policy!r}")
@@ -208,18 +242,18 @@ def solve_cmd(
             if cluster
             else ""
         )
-        w, dropped = _load(workload, limit, drop, why)
-        with progress("planning", json_out) as bar:
+        w, dropped = _load(workload, limit, how.drop, why)
+        with progress("planning", how.json_out) as bar:
             res, wall = _timed(
                 run_policy,
                 policy,
                 w,
                 memory,
-                solver=solver,
-                backfill=backfill,
-                seed=seed,
+                solver=how.solver,
+                backfill=how.backfill,
+                seed=how.seed,
                 progress=bar,
-                improvement=_improvement(evals, time_limit, seed, w.n),
+                improvement=how.improvement(w.n),
             )
         doc = build_plan(w, memory, res, dropped)
         if cluster is not None:
@@ -229,7 +263,7 @@ def solve_cmd(
         if output is not None:
             output.write_text(_dumps(doc), encoding="utf-8")
     shown = doc | {"wall_time_s": round(wall, 6)}  # how long planning took here: not in the plan file
-    if json_out:
+    if how.json_out:
         print_json(shown)
         return
     _print_summary(f"{policy} ({res.solver}) plan" + (f" → {output}" if output else ""), shown)
@@ -290,33 +324,26 @@ def _print_summary(title: str, doc: dict[str, Any]) -> None:
 
 
 @app.command("simulate")
+@planning_command
 def simulate_cmd(
+    how: Planning,
     workload: WorkloadArg,
     memory: Annotated[int | None, typer.Option("--memory", "-M", help="KV budget M (default: the plan's).")] = None,
     policy: Annotated[str, typer.Option("--policy", help=f"One of {', '.join(POLICIES)}.")] = "sorted-f",
     plan: Annotated[Path | None, typer.Option("--plan", help="Execute this plan file's order instead.")] = None,
-    solver: SolverOpt = "auto",
-    backfill: BackfillOpt = False,
     replan_every: Annotated[
         int | None,
         typer.Option("--replan-every", help="sorted-f-online: re-plan every K steps (default: at arrivals)."),
     ] = None,
-    drop: DropOpt = False,
-    seed: SeedOpt = 0,
-    evals: EvalsOpt = None,
-    time_limit: TimeLimitOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Execute a policy (or a plan) on a workload: metrics and the full schedule."""
     from tetri.planner.metrics import summarize
     from tetri.planner.planfile import plan_order, schedule_rows
     from tetri.planner.policies import check_policy, run_order, run_policy
-    from tetri.planner.solvers import check_solver
 
     with user_errors():
         check_policy(policy)
-        check_solver(solver)
-        _improvement(evals, time_limit, seed)
+        how.check()  # bad options fail before any work
         if replan_every is not None and replan_every < 1:
             raise WorkloadError("--replan-every must be at least 1")
         the_plan = _read_plan(plan) if plan is not None else None
@@ -324,31 +351,31 @@ def simulate_cmd(
             if the_plan is None:
                 raise WorkloadError("--memory is required (or give --plan)")
             memory = the_plan.memory
-        w, dropped = _load(workload, memory, drop)
+        w, dropped = _load(workload, memory, how.drop)
         if the_plan is not None:
             order = plan_order(the_plan, w, source=str(plan))
-            sched, wall = _timed(run_order, w, memory, order, backfill or the_plan.backfill)
+            sched, wall = _timed(run_order, w, memory, order, how.backfill or the_plan.backfill)
             name = f"plan:{the_plan.policy}"
         else:
-            with progress(policy, json_out) as bar:
+            with progress(policy, how.json_out) as bar:
                 res, wall = _timed(
                     run_policy,
                     policy,
                     w,
                     memory,
-                    solver=solver,
-                    backfill=backfill,
+                    solver=how.solver,
+                    backfill=how.backfill,
                     replan_every=replan_every,
-                    seed=seed,
+                    seed=how.seed,
                     progress=bar,
-                    improvement=_improvement(evals, time_limit, seed, w.n),
+                    improvement=how.improvement(w.n),
                 )
             sched, name = res.schedule, policy
     doc: dict[str, Any] = {"policy": name, "memory": memory, "n": w.n, "dropped": dropped}
     doc.update(summarize(w, sched))
     doc["wall_time_s"] = round(wall, 6)
     doc["schedule"] = schedule_rows(w, sched)
-    if json_out:
+    if how.json_out:
         print_json(doc)
         return
     _print_summary(f"{name} under M = {memory:,}", doc)
@@ -369,48 +396,41 @@ def _default_policies(w: "Workload", memory: int) -> list[str]:
 
 
 @app.command("compare")
+@planning_command
 def compare_cmd(
+    how: Planning,
     workload: WorkloadArg,
     memory: MemoryOpt,
     policies: Annotated[
         str | None, typer.Option("--policies", help="Comma-separated policies (default: all that apply).")
     ] = None,
-    solver: SolverOpt = "auto",
-    backfill: BackfillOpt = False,
     lp: Annotated[
         bool, typer.Option("--lp/--no-lp", help="Try the LP lower bound when the instance is small enough.")
     ] = True,
-    drop: DropOpt = False,
-    seed: SeedOpt = 0,
-    evals: EvalsOpt = None,
-    time_limit: TimeLimitOpt = None,
-    json_out: JsonOpt = False,
 ) -> None:
     """Compare policies: latency, makespan, ratio to the best policy and to the lower bound."""
     from tetri.planner.bounds import best_bound
     from tetri.planner.metrics import summarize
     from tetri.planner.policies import check_policy, run_policy
-    from tetri.planner.solvers import check_solver
 
     with user_errors():
-        check_solver(solver)
-        _improvement(evals, time_limit, seed)
-        w, dropped = _load(workload, memory, drop)
+        how.check()  # bad options fail before any work
+        w, dropped = _load(workload, memory, how.drop)
         names = [p.strip() for p in policies.split(",") if p.strip()] if policies else _default_policies(w, memory)
         for name in names:
             check_policy(name)
         results: dict[str, tuple[PolicyResult, float]] = {}
-        with progress("comparing", json_out) as bar:
+        with progress("comparing", how.json_out) as bar:
             for k, name in enumerate(names):
                 results[name] = _timed(
                     run_policy,
                     name,
                     w,
                     memory,
-                    solver=solver,
-                    backfill=backfill,
-                    seed=seed,
-                    improvement=_improvement(evals, time_limit, seed, w.n),
+                    solver=how.solver,
+                    backfill=how.backfill,
+                    seed=how.seed,
+                    improvement=how.improvement(w.n),
                 )
                 bar(k + 1, len(names))
         horizon = min(int(r.schedule.finish.max()) for r, _ in results.values())
@@ -430,7 +450,7 @@ def compare_cmd(
         "lower_bound": _bound_doc(bound),
         "policies": rows,
     }
-    if json_out:
+    if how.json_out:
         print_json(doc)
         return
     table(
