@@ -100,7 +100,7 @@ _DAEMON_OPTIONS = (
 def daemon_command(fn: Callable[..., R]) -> Callable[..., R]:
     """A command that talks to the daemon: `fn(daemon: Daemon, …its own options)` becomes a Typer command
     with the shared options (--url, --token, --config, --json) after its own."""
-    return with_options(fn, _DAEMON_OPTIONS, lambda own, shared: fn(Daemon(**shared), **own), given="daemon")
+    return with_options(fn, _DAEMON_OPTIONS, lambda own, shared: fn(daemon=Daemon(**shared), **own), given="daemon")
 
 
 def target(url: str | None, token: str | None, config: Path | None) -> Target:

@@ -1,5 +1,6 @@
 """`tetrictl policy show|set|history`: the runtime scheduling policies (hot-swap) over the admin API."""
 
+import inspect
 import json
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from tetri.scheduling.presets import PRESET_NAMES, PRESETS, PresetError, advised
 from tetri.scheduling.routing import PD_ROUTES
 
 from .client import TetriClient
-from .console import Daemon, daemon_command
+from .console import Daemon, daemon_command, option, with_options
 from .output import fail, out, table
 
 app = typer.Typer(
@@ -76,154 +77,120 @@ def preset_policies(name: str, advice: Path | None) -> PolicySet:
     return PRESETS[name]
 
 
-@app.command("set")
-@daemon_command
-def set_(
-    daemon: Daemon,
-    policies: PresetOpt = None,
-    advice: AdviceOpt = None,
-    prefill: Annotated[
-        str | None, typer.Option("--prefill", help=f"Prefill order: {_choices(PREFILL_POLICIES)}.")
-    ] = None,
-    sched_batch: Annotated[int | None, typer.Option("--sched-batch", help="PrefillSchedBatch (≥ 1).")] = None,
-    chunk: Annotated[int | None, typer.Option("--chunk", help="ChunkSize, tokens per prefill iteration (≥ 1).")] = None,
-    predictor: Annotated[str | None, typer.Option("--predictor", help=f"{_choices(PREDICTORS)}.")] = None,
-    accuracy: Annotated[float | None, typer.Option("--accuracy", help="Oracle predictor accuracy (0–1).")] = None,
-    granularity: Annotated[int | None, typer.Option("--granularity", help="Predictor bucket, tokens.")] = None,
-    dispatch: Annotated[str | None, typer.Option("--dispatch", help=f"{_choices(DISPATCH_POLICIES)}.")] = None,
-    decode: Annotated[
-        str | None, typer.Option("--decode", help=f"Decode admission: {_choices(ADMISSION_POLICIES)}.")
-    ] = None,
-    reserve_point: Annotated[
-        str | None,
-        typer.Option(
-            "--reserve-point", help=f"Point of a predicted bucket reserve policies count: {_choices(RESERVE_POINTS)}."
-        ),
-    ] = None,
-    colocated_schedule: Annotated[
-        str | None,
-        typer.Option(
-            "--colocated-schedule", help=f"How colocated instances schedule: {_choices(COLOCATED_SCHEDULES)}."
-        ),
-    ] = None,
-    queue_order: Annotated[
-        str | None,
-        typer.Option(
-            "--queue-order",
-            help=f"The order decode and colocated instances admit waiting requests in: {_choices(QUEUE_ORDERS)} "
-            "(srpt: least predicted work first, with aging).",
-        ),
-    ] = None,
-    aging: Annotated[
-        int | None,
-        typer.Option("--aging", help="srpt: a request waiting while this many others are admitted goes first (≥ 1)."),
-    ] = None,
-    ttft_target: Annotated[
-        float | None,
-        typer.Option(
-            "--ttft-target",
-            help="Colocated: seconds; a request waiting longer goes after those that can still meet it (0: off).",
-        ),
-    ] = None,
-    ttft_miss: Annotated[
-        str | None,
-        typer.Option(
-            "--ttft-miss",
-            help=f"A request past --ttft-target goes {_choices(TTFT_MISSES)} (last, colocated: after those that "
-            "can still meet it; reject, colocated and prefill instances: answered 429 with Retry-After, recorded "
-            "rejected).",
-        ),
-    ] = None,
-    token_budget: Annotated[
-        int | None,
-        typer.Option(
-            "--token-budget",
-            help="Colocated vllm-v1: tokens an iteration while no prompt has waited half its --ttft-target "
-            "(fewer prompt tokens beside the decodes: lower TPOT); 0: the engine's max_num_batched_tokens.",
-        ),
-    ] = None,
-    pd_route: Annotated[
-        str | None,
-        typer.Option(
-            "--pd-route",
-            help=f"Where the model has colocated and prefill/decode instances, each request runs colocated or "
-            f"split by: {_choices(PD_ROUTES)} (role: colocated; split: split; length: split the prompts of "
-            "--pd-prompt-tokens or more and, with --pd-output-tokens, the long predicted outputs, unless that path "
-            "is backed up).",
-        ),
-    ] = None,
-    pd_prompt_tokens: Annotated[
-        int | None, typer.Option("--pd-prompt-tokens", help="--pd-route length: prompts this long run split (≥ 1).")
-    ] = None,
-    pd_output_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--pd-output-tokens",
-            help="--pd-route length: and requests predicted to produce this many tokens (the upper end of the "
-            "length predictor's range; 0 or --predictor none: not considered).",
-        ),
-    ] = None,
-    pd_backlog_slack: Annotated[
-        int | None,
-        typer.Option(
-            "--pd-backlog-slack",
-            help="--pd-route length: the other path when the chosen one has more than this many more requests "
-            "waiting (0: the length alone decides).",
-        ),
-    ] = None,
-    routing: Annotated[
-        str | None,
-        typer.Option(
-            "--routing",
-            help="The entry instance: cache-aware (the one holding most of the prompt in its prefix cache, within "
-            "--cache-slack of the least loaded), least-load, or round-robin.",
-        ),
-    ] = None,
-    cache_slack: Annotated[
-        int | None,
-        typer.Option(
-            "--cache-slack",
-            help="--routing cache-aware: an instance holding the prompt's prefix is chosen only while it has at most "
-            "this many more requests waiting or running than the least loaded.",
-        ),
-    ] = None,
-) -> None:
+def _flag(field: str, flag: str, kind: type, help: str) -> tuple[str, str, inspect.Parameter]:
+    """A policy field's option of `policy set`: the field it sets, its flag, and the option (None: leave it)."""
+    name = flag.removeprefix("--").replace("-", "_")
+    return field, flag, option(name, Annotated[kind | None, typer.Option(flag, help=help)])
+
+
+# each policy field `policy set` changes, its flag and its help, once
+_FIELDS = (
+    _flag("prefill_policy", "--prefill", str, f"Prefill order: {_choices(PREFILL_POLICIES)}."),
+    _flag("prefill_sched_batch", "--sched-batch", int, "PrefillSchedBatch (≥ 1)."),
+    _flag("chunk_size", "--chunk", int, "ChunkSize, tokens per prefill iteration (≥ 1)."),
+    _flag("predictor", "--predictor", str, f"{_choices(PREDICTORS)}."),
+    _flag("predictor_accuracy", "--accuracy", float, "Oracle predictor accuracy (0–1)."),
+    _flag("predictor_granularity", "--granularity", int, "Predictor bucket, tokens."),
+    _flag("dispatch", "--dispatch", str, f"{_choices(DISPATCH_POLICIES)}."),
+    _flag("decode_admission", "--decode", str, f"Decode admission: {_choices(ADMISSION_POLICIES)}."),
+    _flag(
+        "reserve_point",
+        "--reserve-point",
+        str,
+        f"Point of a predicted bucket reserve policies count: {_choices(RESERVE_POINTS)}.",
+    ),
+    _flag(
+        "colocated_schedule",
+        "--colocated-schedule",
+        str,
+        f"How colocated instances schedule: {_choices(COLOCATED_SCHEDULES)}.",
+    ),
+    _flag(
+        "queue_order",
+        "--queue-order",
+        str,
+        f"The order decode and colocated instances admit waiting requests in: {_choices(QUEUE_ORDERS)} "
+        "(srpt: least predicted work first, with aging).",
+    ),
+    _flag(
+        "aging_admissions",
+        "--aging",
+        int,
+        "srpt: a request waiting while this many others are admitted goes first (≥ 1).",
+    ),
+    _flag(
+        "ttft_target_s",
+        "--ttft-target",
+        float,
+        "Colocated: seconds; a request waiting longer goes after those that can still meet it (0: off).",
+    ),
+    _flag(
+        "ttft_miss",
+        "--ttft-miss",
+        str,
+        f"A request past --ttft-target goes {_choices(TTFT_MISSES)} (last, colocated: after those that "
+        "can still meet it; reject, colocated and prefill instances: answered 429 with Retry-After, recorded "
+        "rejected).",
+    ),
+    _flag(
+        "token_budget",
+        "--token-budget",
+        int,
+        "Colocated vllm-v1: tokens an iteration while no prompt has waited half its --ttft-target "
+        "(fewer prompt tokens beside the decodes: lower TPOT); 0: the engine's max_num_batched_tokens.",
+    ),
+    _flag(
+        "pd_route",
+        "--pd-route",
+        str,
+        f"Where the model has colocated and prefill/decode instances, each request runs colocated or "
+        f"split by: {_choices(PD_ROUTES)} (role: colocated; split: split; length: split the prompts of "
+        "--pd-prompt-tokens or more and, with --pd-output-tokens, the long predicted outputs, unless that path "
+        "is backed up).",
+    ),
+    _flag("pd_prompt_tokens", "--pd-prompt-tokens", int, "--pd-route length: prompts this long run split (≥ 1)."),
+    _flag(
+        "pd_output_tokens",
+        "--pd-output-tokens",
+        int,
+        "--pd-route length: and requests predicted to produce this many tokens (the upper end of the "
+        "length predictor's range; 0 or --predictor none: not considered).",
+    ),
+    _flag(
+        "pd_backlog_slack",
+        "--pd-backlog-slack",
+        int,
+        "--pd-route length: the other path when the chosen one has more than this many more requests "
+        "waiting (0: the length alone decides).",
+    ),
+    _flag(
+        "routing",
+        "--routing",
+        str,
+        "The entry instance: cache-aware (the one holding most of the prompt in its prefix cache, within "
+        "--cache-slack of the least loaded), least-load, or round-robin.",
+    ),
+    _flag(
+        "cache_slack",
+        "--cache-slack",
+        int,
+        "--routing cache-aware: an instance holding the prompt's prefix is chosen only while it has at most "
+        "this many more requests waiting or running than the least loaded.",
+    ),
+)
+_FIELD_OF = {p.name: field for field, _, p in _FIELDS}
+
+
+def _set(daemon: Daemon, policies: PresetOpt = None, advice: AdviceOpt = None, *, fields: dict[str, Any]) -> None:
     """Change policies; the daemon validates them together (a bad value: exit 2 naming the field),
     applies them without restart and records each change in the audit table. --policies NAME sets every
     field to that named set first; the other flags change fields of it."""
-    given = {
-        "prefill_policy": prefill,
-        "prefill_sched_batch": sched_batch,
-        "chunk_size": chunk,
-        "predictor": predictor,
-        "predictor_accuracy": accuracy,
-        "predictor_granularity": granularity,
-        "dispatch": dispatch,
-        "decode_admission": decode,
-        "reserve_point": reserve_point,
-        "colocated_schedule": colocated_schedule,
-        "queue_order": queue_order,
-        "aging_admissions": aging,
-        "ttft_target_s": ttft_target,
-        "ttft_miss": ttft_miss,
-        "token_budget": token_budget,
-        "pd_route": pd_route,
-        "pd_prompt_tokens": pd_prompt_tokens,
-        "pd_output_tokens": pd_output_tokens,
-        "pd_backlog_slack": pd_backlog_slack,
-        "routing": routing,
-        "cache_slack": cache_slack,
-    }
     if advice is not None and policies is None:
         fail("--advice goes with --policies advised")
     base = preset_policies(policies, advice).to_dict() if policies is not None else {}
-    changes = base | {k: v for k, v in given.items() if v is not None}
+    changes = base | {k: v for k, v in fields.items() if v is not None}
     if not changes:
-        fail(
-            "nothing to set: give --policies NAME or at least one of --prefill --sched-batch --chunk --predictor"
-            " --dispatch --decode --reserve-point --colocated-schedule --queue-order --aging --ttft-target"
-            " --ttft-miss --token-budget --pd-route --routing …"
-        )
+        fail(f"nothing to set: give --policies NAME or at least one of {' '.join(f for _, f, _ in _FIELDS)}")
 
     async def body(c: TetriClient) -> dict[str, Any]:
         return await c.set_policies(changes)
@@ -232,6 +199,18 @@ def set_(
         out.print(f"version {d['version']}; changed: {', '.join(d['changed']) or 'nothing'}")
 
     daemon.call(body, render)
+
+
+set_ = app.command("set")(
+    daemon_command(
+        with_options(
+            _set,
+            tuple(p for _, _, p in _FIELDS),
+            lambda own, flags: _set(**own, fields={_FIELD_OF[k]: v for k, v in flags.items()}),
+            given="fields",
+        )
+    )
+)
 
 
 @app.command("history")
