@@ -21,11 +21,13 @@ import os
 import time
 from collections.abc import Sequence
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from tetri.sampling import GREEDY, Sampling
 
 from .cluster import Cluster, Instance
 from .db.models import Phase, Status
-from .db.writer import BatchWriter
+from .db.writer import BatchWriter, describe, store_unavailable
 from .metrics import Metrics
 from .predictor_service import PROMPT_SAMPLE, PredictorService
 from .run import Failed, Finished, Inflight, Output, Run
@@ -308,6 +310,29 @@ class Gateway:
         if fl.serving is not None:
             with contextlib.suppress(WorkerCallError):
                 await self.workers.cancel(fl.serving[1], fl.id, timeout=timeout)
+
+    async def reserve(self, rid: str) -> str | None:
+        """Hold a client-chosen id until its request is in flight (or `release_id`): None when it is free,
+        else why not — "taken" (in flight, being admitted, queued for or in the status table) or the status
+        table's unavailability (its lookup failed). The one owner of the id lookup."""
+        if self.id_taken(rid):
+            return "taken"
+        self.reserved[rid] = time.monotonic()  # a second request with this id meanwhile is refused too
+        try:
+            taken = await asyncio.to_thread(self.writer.store.get_request, rid)
+        except SQLAlchemyError as e:
+            self.reserved.pop(rid, None)
+            if not store_unavailable(e):
+                raise
+            return f"the status table is unavailable ({describe(e)}): tetri.request_id {rid!r} cannot be checked"
+        if taken:
+            self.reserved.pop(rid, None)
+            return "taken"
+        return None
+
+    def release_id(self, rid: str) -> None:
+        """A reserved id whose request was refused before it started: free again."""
+        self.reserved.pop(rid, None)
 
     def id_taken(self, rid: str) -> bool:
         """Whether a client-chosen id is in flight, being admitted, or queued for the status table."""

@@ -249,7 +249,7 @@ def _passed_on(argv: list[str] | None) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Run the Tetri control-plane daemon.")
     ap.add_argument("--config", type=Path)
     ap.add_argument("--host")
@@ -299,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SPEC",
         help="SLOs the advise flip policy scores against (repeatable): ttft=1,tpot=0.1 or HPLD:ttft=5.",
     )
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     try:
         settings = load_daemon_settings(
             a.config,

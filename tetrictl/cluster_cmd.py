@@ -23,7 +23,7 @@ from . import exitcodes
 from .console import option, with_options
 from .output import fail, out, print_json
 from .policy_cmd import AdviceOpt, PresetOpt, preset_policies
-from .procs import StartError, start_local_cluster
+from .procs import LocalCluster, StartError, start_local_cluster
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file ([daemon], [worker]).")]
 StateDirOpt = Annotated[Path | None, typer.Option(help="Directory of the SQLite status tables.")]
@@ -440,6 +440,18 @@ def _serve(
             + "). Ctrl-C or tetrictl down stops it."
         )
     sys.stdout.flush()
+    code = _supervise(cluster, stopping)
+    if not json_out:
+        out.print("stopping: the daemon drains in-flight requests first, then the workers stop")
+    cluster.stop()
+    if not json_out:
+        out.print("stopped")
+    return code
+
+
+def _supervise(cluster: LocalCluster, stopping: dict[str, bool]) -> int:
+    """Until a signal: restart a worker that exits (too many restarts, or a daemon that exits, stop the
+    cluster); the exit code."""
     code = 0
     restarts: list[float] = []
     while not stopping["flag"]:
@@ -463,11 +475,6 @@ def _serve(
                 break
             out.print(f"worker {was} exited (code {rc}); restarted as {info['instance_id']}")
         time.sleep(0.2)
-    if not json_out:
-        out.print("stopping: the daemon drains in-flight requests first, then the workers stop")
-    cluster.stop()
-    if not json_out:
-        out.print("stopped")
     return code
 
 

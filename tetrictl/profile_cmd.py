@@ -125,6 +125,11 @@ def profile(
     if json_out:
         print_json(doc)
         return
+    _show(doc, name, output)
+
+
+def _show(doc: dict[str, Any], name: str, output: Path) -> None:
+    """The fit for people: each measurement against its prediction, then the fitted figures."""
     rows = [
         (
             "held out" if p["held_out"] else "fit",

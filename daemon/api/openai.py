@@ -17,13 +17,11 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import Send
 
 from tetri.sampling import Sampling
 
 from ..db.models import Status
-from ..db.writer import describe, store_unavailable
 from ..gateway import Failed, Finished, Gateway, new_request_id
 from ..served import ServedModels
 from ..textstream import TextStream
@@ -162,6 +160,16 @@ class _Job:
     with_ids: bool
 
 
+def _draining(gw: Gateway, rid: str, max_tokens: int, model: str) -> JSONResponse:
+    """A request to a draining daemon: 503 with Retry-After, recorded (the writer flushes before it exits)."""
+    gw.record_rejected(rid, "the daemon is shutting down (draining)", 0, max_tokens, model)
+    return JSONResponse(
+        error_body("the daemon is shutting down; retry on another", "ServiceUnavailableError", None, "draining"),
+        status_code=503,
+        headers={"Retry-After": "5"},
+    )
+
+
 async def _admit(
     request: Request,
     body: SamplingFields,
@@ -173,43 +181,25 @@ async def _admit(
     """Validate, tokenize and start one request, or the error answer (recorded as rejected). `max_field`:
     the field `max_tokens` came from, which its refusals name."""
     gw = _gateway(request)
-    if gw.draining:  # recorded too: the status-table writer flushes before the daemon exits
-        gw.record_rejected(
-            new_request_id(id_prefix), "the daemon is shutting down (draining)", 0, max_tokens or 0, body.model
-        )
-        return JSONResponse(
-            error_body("the daemon is shutting down; retry on another", "ServiceUnavailableError", None, "draining"),
-            status_code=503,
-            headers={"Retry-After": "5"},
-        )
+    if gw.draining:
+        return _draining(gw, new_request_id(id_prefix), max_tokens or 0, body.model)
     refusal = gw.writer.refusal()
     if refusal is not None:  # past the rows held for an unavailable status table (not recorded: one more)
         return store_refused(refusal)
     chosen = body.tetri.request_id if body.tetri else None
     rid = chosen or new_request_id(id_prefix)
     if chosen:  # only a client-chosen id can collide; generated ids skip the lookup on this hot path
-        if gw.id_taken(rid):
+        why = await gw.reserve(rid)  # held until the request is in flight (or refused below)
+        if why == "taken":
             return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
-        # reserved from here until the request is in flight (or refused below): a second request with this
-        # id meanwhile is a 409 too
-        gw.reserved[rid] = time.monotonic()
-        try:
-            taken = await asyncio.to_thread(request.app.state.store.get_request, rid)
-        except SQLAlchemyError as e:
-            gw.reserved.pop(rid, None)
-            if not store_unavailable(e):
-                raise
-            why = f"the status table is unavailable ({describe(e)}): tetri.request_id {rid!r} cannot be checked"
+        if why is not None:
             return store_refused(why)
-        if taken:
-            gw.reserved.pop(rid, None)
-            return openai_error(409, f"request id {rid!r} is already taken", "ConflictError", "tetri.request_id")
     ids: list[int] = []
 
     def reject(status: int, message: str, type_: str, param: str | None, code: str | None = None) -> JSONResponse:
         # recorded under an id of its own: a client-chosen id stays free for the corrected request
         note = f"{message} (tetri.request_id {rid!r})" if chosen else message
-        gw.reserved.pop(rid, None)
+        gw.release_id(rid)
         gw.record_rejected(new_request_id(), note, len(ids), max_tokens or 0, body.model)
         return openai_error(status, message, type_, param, code)
 
