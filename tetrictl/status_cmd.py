@@ -313,7 +313,7 @@ def requests_cancel(
     ] = None,
 ) -> None:
     """Cancel an in-flight request (exit 1 if it is no longer in flight), or with --status running every
-    in-flight request at once (--id-prefix P: those whose id starts with P, as in `requests ls`)."""
+    in-flight request at once (--id-prefix P: those whose id starts with P, as in requests ls)."""
     if request_id is not None and (status_ is not None or id_prefix is not None):
         fail("give a request id, or --status running [--id-prefix P] to cancel in bulk, not both")
     if request_id is None:

@@ -162,9 +162,10 @@ async def _inflight_rows(
     hits = [fl for fl in gw.inflight.values() if fl.phase == phase and fl.id.startswith(id_prefix or "")]
     hits.sort(key=lambda fl: (-fl.arrival, fl.id))
     page = [fl.id for fl in hits[offset : offset + limit]]
-    stored = await asyncio.to_thread(request.app.state.store.get_requests, page)
+    store = request.app.state.store
+    stored, pending = await gw.writer.read_with_pending(lambda: store.get_requests(page), page)
     empty = dict.fromkeys(sorted(REQUEST_COLUMNS))
-    rows = [empty | {"id": rid} | stored.get(rid, {}) | (gw.writer.pending_fields(rid) or {}) for rid in page]
+    rows = [empty | {"id": rid} | stored.get(rid, {}) | pending.get(rid, {}) for rid in page]
     return rows, len(hits)
 
 
@@ -189,8 +190,10 @@ def _live(fl: Inflight) -> dict[str, Any]:
 @router.get("/requests/{request_id}")
 async def one_request(request_id: str, request: Request) -> dict[str, Any]:
     gw = _gw(request)
-    row = await asyncio.to_thread(request.app.state.store.get_request, request_id)
-    queued = gw.writer.pending_fields(request_id)  # written at the next flush: a finished request's last fields
+    store = request.app.state.store
+    # and what is written at the next flush (a finished request's last fields), read with it
+    row, pending = await gw.writer.read_with_pending(lambda: store.get_request(request_id), [request_id])
+    queued = pending.get(request_id)
     fl = gw.inflight.get(request_id)
     if row is None and queued is None and fl is None:
         raise HTTPException(404, detail=f"no request {request_id!r}")

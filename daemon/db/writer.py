@@ -183,6 +183,19 @@ class BatchWriter:
                     out = (out or {}) | fields
         return out
 
+    async def read_with_pending(
+        self, read: Callable[[], T], request_ids: Iterable[str]
+    ) -> tuple[T, dict[str, dict[str, Any]]]:
+        """`read()` (a status-table query, run in a thread) with no flush in progress, and the fields still
+        queued for `request_ids` (`pending_fields`), taken under the same lock. Laid over what `read`
+        returned they show each request as the daemon knows it; a row read before a flush commits, with
+        the queue looked at after it, would show a request that had finished as running again."""
+        self._ensure_primitives()
+        assert self._lock is not None
+        async with self._lock:
+            out = await asyncio.to_thread(read)
+            return out, {rid: f for rid in request_ids if (f := self.pending_fields(rid))}
+
     async def read_settled(self, read: Callable[[], T]) -> tuple[T, dict[str, int]]:
         """`read()` (a status-table query, run in a thread) with no flush in progress, and the status
         counts still queued behind what it read: {status: change}; an insert is +1 to its status, an update

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -171,5 +173,39 @@ def test_pending_fields_are_what_is_queued_until_it_is_written(tmp_path: Path) -
             await writer.stop()
 
         asyncio.run(play())
+    finally:
+        store.close()
+
+
+def test_a_read_never_sees_a_finished_request_running_again_while_a_flush_commits(tmp_path: Path) -> None:
+    # the admin API reads a request's row and lays what is still queued over it. A row fetched before a
+    # flush of the request's last fields commits, with the queue looked at after it, shows the request
+    # running again (the flaky multi-host test's stale row): read_with_pending holds flushes off meanwhile
+    store = Store.open(f"sqlite:///{tmp_path / 'tetri.db'}")
+    try:
+
+        async def play() -> dict[str, Any]:
+            writer = BatchWriter(store, flush_interval_s=60.0)
+            writer.submit_request_insert(id="a", model="m", arrival_ts=1.0, max_tokens=8)
+            await writer.flush()
+            writer.submit_request_update("a", status="finished", phase="done", prefill_instance="p")
+            fetched = threading.Event()
+
+            def slow_read() -> dict[str, Any] | None:  # fetched at once, returned late
+                row = store.get_request("a")
+                fetched.set()
+                time.sleep(0.3)
+                return row
+
+            reading = asyncio.create_task(writer.read_with_pending(slow_read, ["a"]))
+            await asyncio.to_thread(fetched.wait)
+            await writer.flush()  # a flush now: it waits for the read, or the read would come back stale
+            row, pending = await reading
+            await writer.stop()
+            assert row is not None
+            return row | pending.get("a", {})
+
+        seen = asyncio.run(play())
+        assert seen["status"] == "finished" and seen["prefill_instance"] == "p"
     finally:
         store.close()
