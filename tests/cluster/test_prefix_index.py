@@ -6,6 +6,9 @@ the daemon serving, routing then falling back to load; a restarted worker or con
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 
@@ -86,6 +89,18 @@ def test_workers_report_their_caches_and_cache_aware_routing_follows_them() -> N
     _run(scenario)
 
 
+@asynccontextmanager
+async def _linked(worker: Any, daemon: str) -> AsyncIterator[None]:
+    """The worker's control link to the daemon running (registration, load reports) while inside."""
+    link = ControlLink(worker.service, daemon, worker.address, None)
+    task = asyncio.create_task(link.run())
+    try:
+        yield
+    finally:
+        link.stop()
+        await task
+
+
 def _report(iid: str, batch: pb.CacheEvents | None = None) -> pb.LoadReport:
     report = pb.LoadReport(instance_id=iid, role="colocated", state="active", kv_capacity_tokens=4096)
     if batch is not None:
@@ -153,26 +168,19 @@ def test_a_restarted_worker_is_relearned_from_its_next_report() -> None:
         client = WorkerClient()
         async with _control_plane(report_interval_s=0.02) as (cluster, _, _, daemon):
             prompt = _system(128)
-            async with _worker("colocated", "w") as w:
-                link = ControlLink(w.service, daemon, w.address, None)
-                task = asyncio.create_task(link.run())
+            async with _worker("colocated", "w") as w, _linked(w, daemon):
                 await _until(lambda: "w" in cluster.instances)
                 _ = [c async for c in _generate_on(client, w.address, "r1", prompt, 2)]
                 await _until(lambda: cluster.cache.blocks("w") == len(prompt) // B)
-                link.stop()
-                await task
             await asyncio.sleep(0.1)  # silent past the health limit: its id is free for another address
-            async with _worker("colocated", "w") as again:  # the same id: a new process, an empty cache
-                link = ControlLink(again.service, daemon, again.address, None)
-                task = asyncio.create_task(link.run())
+            # the same id: a new process, an empty cache
+            async with _worker("colocated", "w") as again, _linked(again, daemon):
                 await _until(lambda: cluster.instances["w"].address == again.address)
                 await _until(lambda: cluster.instances["w"].reports > 0)
                 assert cluster.cache.blocks("w") == 0  # it holds nothing: the index says so
                 assert cluster.entry(MODEL, prompt=prompt).id == "w"  # by load (the only one)
                 _ = [c async for c in _generate_on(client, again.address, "r2", prompt, 2)]
                 await _until(lambda: cluster.cache.blocks("w") == len(prompt) // B)
-                link.stop()
-                await task
         await client.close()
 
     _run(scenario)
@@ -184,36 +192,31 @@ def test_a_front_follows_the_controllers_index_and_takes_a_snapshot_when_it_reco
         async with (
             _control_plane(report_interval_s=0.02) as (cluster, _, stub, daemon),
             _worker("colocated", "a") as a,
+            _linked(a, daemon),
         ):
-            link = ControlLink(a.service, daemon, a.address, None)
-            task = asyncio.create_task(link.run())
             front = Cluster(report_interval_s=0.02, unhealthy_after=3)
 
-            async def follow(n: int) -> None:
+            async def follow(until: Callable[[int], bool]) -> None:
+                """A front's Watch stream (a new one: a snapshot first), followed until `until(messages)`."""
                 watch = stub.Watch(pb.WatchRequest(front_id="f1"))
                 try:
-                    for _ in range(n):
+                    n = 0
+                    while not until(n):
                         front.follow(view_from_pb(await watch.read()))
+                        n += 1
                 finally:
                     watch.cancel()
 
             try:
                 await _until(lambda: "a" in cluster.instances)
-                await follow(2)  # the view, then the index's snapshot
+                await follow(lambda n: n == 2)  # the view, then the index's snapshot
                 prompt = _system(64)
                 _ = [c async for c in _generate_on(client, a.address, "x", prompt, 2)]
                 await _until(lambda: cluster.cache.blocks("a") == len(prompt) // B)
-                watch = stub.Watch(pb.WatchRequest(front_id="f1"))  # it reconnects: a snapshot
-                try:
-                    while front.cache.keys("a") != cluster.cache.keys("a"):
-                        front.follow(view_from_pb(await watch.read()))
-                finally:
-                    watch.cancel()
+                await follow(lambda _: front.cache.keys("a") == cluster.cache.keys("a"))  # it reconnects
                 assert front.entry(MODEL, prompt=[*prompt, 1]).id == "a"
                 assert front.cache.match(prompt, ["a"]) == {"a": len(prompt) // B}
             finally:
-                link.stop()
-                await task
                 await client.close()
 
     _run(scenario)
