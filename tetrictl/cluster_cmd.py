@@ -71,11 +71,6 @@ LoadFormatOpt = Annotated[
 ChunkSizeOpt = Annotated[int | None, typer.Option(help="vllm: max_num_batched_tokens (ChunkSize).")]
 
 
-def _opt(args: list[str], flag: str, value: object) -> None:
-    if value is not None:
-        args += [flag, str(value)]
-
-
 def _flags(values: dict[str, Any]) -> list[str]:
     """Options as the process's own command line spells them: `--name-with-dashes VALUE` for each given
     (not None), a bare `--name` for a true flag, nothing for a false one."""
@@ -314,9 +309,7 @@ def up(
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
     if log_format is not None and log_format not in LOG_FORMATS:
         fail(f"--log-format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
-    log_args: list[str] = []
-    for flag, v in (("--log-level", log_level), ("--log-file", log_file), ("--log-format", log_format)):
-        _opt(log_args, flag, v)
+    log_args = _flags({"log_level": log_level, "log_file": log_file, "log_format": log_format})
     counts = {"prefill": prefill, "decode": decode} if mode == "disaggregated" else {"colocated": colocated}
     if mode == "hybrid":
         counts = {"colocated": colocated, "prefill": prefill, "decode": decode}
@@ -339,7 +332,7 @@ def up(
     roles = [role for role, n in counts.items() for _ in range(n)]
     wargs = ["--engine", engine]
     for flag, value in (*vllm_only.items(), ("--served-model-name", served_model_name)):
-        _opt(wargs, flag, value)
+        wargs += _flags({flag.removeprefix("--").replace("-", "_"): value})
     # the preset's fields that are not the defaults, but none the config file's [daemon] policies set: the
     # preset is the base, the operator's file adjusts it, --baseline and --mode hybrid come last
     configured = _configured_policies(config)
