@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tetri.costmodel import DEFAULT_PROFILE
 from tetri.des.metrics import HEADLINE
 from tetrictl import exitcodes
 
@@ -83,7 +84,7 @@ def test_sweep_writes_its_json_and_region_map(tmp_path: Path):
     r = tetrictl("bench", *args, "--plot", str(png), "--output", str(out), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["spec"]["profile"] == "llama3-8b-h100" and doc["spec"]["n"] == 16
+    assert doc["spec"]["profile"] == DEFAULT_PROFILE and doc["spec"]["n"] == 16  # the one default, as bench's
     assert len(doc["points"]) == 2 and json.loads(out.read_text())["points"] == doc["points"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = tetrictl("bench", *args)

@@ -68,3 +68,34 @@ def test_no_help_shows_raw_markup():
     for path in walk(typer.main.get_command(app), []):
         text = runner.invoke(app, [*path, "--help"], terminal_width=200).output
         assert not re.search(r"`|\*\*", text), (path, re.findall(r".{0,30}(?:`|\*\*).{0,30}", text)[:3])
+
+
+def test_every_profile_option_states_the_one_default():
+    """One default cost-model profile for every command that takes --profile, named in each one's help;
+    `worker start` leaves it to the worker's settings, whose default is the same profile."""
+    import click
+    import typer
+    from typer.testing import CliRunner
+
+    from tetri.config import WorkerSettings
+    from tetri.costmodel import DEFAULT_PROFILE, list_profiles
+    from tetrictl.app import app
+
+    def walk(cmd: click.Command, path: list[str]) -> list[tuple[list[str], click.Parameter]]:
+        found = [(path, p) for p in cmd.params if "--profile" in p.opts]
+        for name, sub in getattr(cmd, "commands", {}).items():
+            found += walk(sub, [*path, name])
+        return found
+
+    assert DEFAULT_PROFILE in list_profiles()
+    assert WorkerSettings.model_fields["profile"].default == DEFAULT_PROFILE
+    options = walk(typer.main.get_command(app), [])
+    assert {" ".join(path) for path, _ in options} == {"up", "bench", "advise", "worker start"}
+    runner = CliRunner()
+    for path, p in options:
+        assert p.default in (DEFAULT_PROFILE, None), (path, p.default)
+        shown = " ".join(runner.invoke(app, [*path, "--help"], terminal_width=200).output.split())
+        assert f"(tetri/profiles.toml; default {DEFAULT_PROFILE})" in shown, path
+        # no help names another hardware profile as a default (`tiny` is also a word)
+        others = [name for name in list_profiles() if name != DEFAULT_PROFILE and "-" in name and name in shown]
+        assert not others, (path, others)

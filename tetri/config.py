@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .costmodel import Profile, load_profile
+from .costmodel import DEFAULT_PROFILE, Profile, load_profile
 from .scheduling.policyset import PolicyError, PolicySet
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ class WorkerSettings(BaseSettings):
 
     role: Role = Field("prefill", description="prefill, decode or colocated.")
     engine: Literal["sim", "vllm"] = Field("sim", description="Compute engine: sim, or vllm (the optional extra).")
-    profile: str = Field("opt-13b-v100", description="Sim engine profile (tetri/profiles.toml).")
+    profile: str = Field(DEFAULT_PROFILE, description="Sim engine profile (tetri/profiles.toml).")
     profiles_file: str | None = Field(
         None, description="Sim engine: a profiles file to read the profile from (e.g. `tetrictl profile`'s)."
     )

@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_PROFILES_PATH = Path(__file__).with_name("profiles.toml")
+# The one profile every command and setting defaults to (`tetrictl up`, `worker start`, `bench`, `bench
+# --sweep`, `advise`; each one's --profile help names it): TetriInfer's own setup, OPT-13B on a V100.
+DEFAULT_PROFILE = "opt-13b-v100"
 
 _PROFILE_DEFAULTS: dict[str, Any] = {
     "gpu_memory_utilization": 0.9,

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tetri.costmodel import load_profile
+from tetri.costmodel import DEFAULT_PROFILE, load_profile
 from tetri.scheduling.flip import ROLES, flip_path
 
 from .client import ClientError, TetriClient
-from .console import CtlConfigOpt, JsonOpt, TokenOpt, UrlOpt, call, target
+from .console import CtlConfigOpt, JsonOpt, ProfileOpt, TokenOpt, UrlOpt, call, target
 from .flip_cmd import wait_flip
 from .output import out, print_json, progress, table, user_errors
 
@@ -90,7 +90,7 @@ def advise_cmd(
     ] = None,
     rate: Annotated[float | None, typer.Option("--rate", help="--workload: requests per second.")] = None,
     n: Annotated[int, typer.Option("-n", help="--workload: requests.")] = 256,
-    profile: Annotated[str, typer.Option("--profile", help="Cost-model profile (profiles.toml).")] = "llama3-8b-h100",
+    profile: ProfileOpt = DEFAULT_PROFILE,
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs (instances) to spend.")] = 4,
     slo: Annotated[
         list[str] | None,

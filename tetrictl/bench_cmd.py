@@ -10,10 +10,11 @@ from typing import Annotated, Any
 
 import typer
 
-from tetri.costmodel import load_profile
+from tetri.costmodel import DEFAULT_PROFILE, load_profile
 from tetri.des.names import WORKLOADS
 from tetri.scheduling.colocated import BASELINES
 
+from .console import ProfileOpt
 from .output import print_json, progress, table, user_errors
 
 
@@ -43,12 +44,7 @@ def bench(
             "calibrates --load.",
         ),
     ] = ",".join(BASELINES),
-    profile: Annotated[
-        str | None,
-        typer.Option(
-            "--profile", help="Cost-model profile (profiles.toml); opt-13b-v100, or llama3-8b-h100 for --sweep."
-        ),
-    ] = None,
+    profile: ProfileOpt = DEFAULT_PROFILE,
     chunk_size: Annotated[
         int | None,
         typer.Option("--chunk-size", help="TetriInfer's ChunkSize (default: the profile's, or its roofline knee)."),
@@ -81,8 +77,8 @@ def bench(
         bool,
         typer.Option(
             "--sweep",
-            help="Sweep load × P:D split × ChunkSize × baseline on the simulator (default: Mixed on "
-            "llama3-8b-h100, 512 requests a point) and say where TetriInfer's goodput per dollar wins.",
+            help="Sweep load × P:D split × ChunkSize × baseline on the simulator (default: Mixed, 512 requests "
+            "a point) and say where TetriInfer's goodput per dollar wins.",
         ),
     ] = False,
     gpus: Annotated[str, typer.Option("--gpus", help="--sweep: GPU budgets, comma-separated.")] = "4,8",
@@ -108,7 +104,6 @@ def bench(
         _sweep(workloads, n, profile, seed, price, slo, baseline, gpus, loads, chunks, mode, plot, out_file, json_out)
         return
     n = 128 if n is None else n
-    profile = profile or "opt-13b-v100"
     with user_errors():
         names = [check_workload_name(w) for w in (workloads or ",".join(WORKLOADS)).split(",") if w.strip()]
         if not names:
@@ -302,7 +297,7 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
 def _sweep(
     workloads: str,
     n: int | None,
-    profile: str | None,
+    profile: str,
     seed: int,
     price: float,
     slo: list[str] | None,
@@ -325,7 +320,6 @@ def _sweep(
     with user_errors():
         if mode != "des":
             raise WorkloadSpecError("--sweep runs on the simulator only (--mode des)")
-        profile = profile or "llama3-8b-h100"
         try:
             load_profile(profile)
         except ValueError as e:

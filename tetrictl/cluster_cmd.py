@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tetri.costmodel import DEFAULT_PROFILE
 from tetri.logsetup import FORMATS as LOG_FORMATS
 from tetri.logsetup import LEVELS as LOG_LEVELS
 from tetri.naming import served_name
@@ -20,7 +21,7 @@ from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.presets import DEFAULT_PRESET
 
 from . import exitcodes
-from .console import option, with_options
+from .console import ProfileOpt, option, profile_help, with_options
 from .output import fail, out, print_json
 from .policy_cmd import AdviceOpt, PresetOpt, preset_policies
 from .procs import LocalCluster, StartError, start_local_cluster
@@ -203,7 +204,7 @@ def worker_start(
     engine_cpus: Annotated[
         str | None, typer.Option(help="vllm: the cores the engine's processes run on, e.g. 0 or 2-5,8 (default: any).")
     ] = None,
-    profile: Annotated[str | None, typer.Option(help="Sim profile (default opt-13b-v100).")] = None,
+    profile: Annotated[str | None, typer.Option(help=profile_help("Sim: the engine's cost-model profile"))] = None,
     profiles_file: Annotated[
         Path | None, typer.Option(help="Sim: read the profile from this file (tetrictl profile writes one).")
     ] = None,
@@ -252,7 +253,7 @@ def up(
     gpu_memory_utilization: GpuMemOpt = None,
     tensor_parallel_size: TensorParallelOpt = None,
     load_format: LoadFormatOpt = None,
-    profile: Annotated[str, typer.Option(help="Sim engine profile.")] = "opt-13b-v100",
+    profile: ProfileOpt = DEFAULT_PROFILE,
     time_scale: Annotated[
         float, typer.Option(help="Sim: model seconds per wall second (the workers' and the daemon's clock).")
     ] = 1.0,

@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from tetri.costmodel import DEFAULT_PROFILE
 from tetri.planner.errors import WorkloadError
 
 from . import exitcodes
@@ -36,6 +37,14 @@ CtlConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="TOML file with a [ctl] table: url, token (env TETRI_CONFIG).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def profile_help(lead: str = "Cost-model profile") -> str:
+    """A --profile option's help: every command that takes one defaults to the same profile, and says which."""
+    return f"{lead} (tetri/profiles.toml; default {DEFAULT_PROFILE})."
+
+
+ProfileOpt = Annotated[str, typer.Option("--profile", help=profile_help(), show_default=False)]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from tetri.des.trace import read_trace, rows_to_trace
 from tetri.des.workloads import WorkloadSpecError, make_workload
 
 TIGHT = parse_slos(["ttft=0.2,tpot=0.015"])
+H100 = "llama3-8b-h100"  # the expectations below were made on it (8K context; TIGHT is within its reach)
 
 
 def _score(o: dict) -> tuple[float, float]:
@@ -25,7 +26,7 @@ def _score(o: dict) -> tuple[float, float]:
 @pytest.mark.parametrize(("rate", "baselines"), [(20.0, ("vllm-v0", "vllm-v1")), (200.0, ("vllm-v0",))])
 def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated(rate, baselines):
     reqs = make_workload("Mixed", 96, seed=1, rate=rate, max_model_len=8192)
-    spec = AdviceSpec(gpus=3, slo=TIGHT, chunks=(192, 512), baselines=baselines)
+    spec = AdviceSpec(profile=H100, gpus=3, slo=TIGHT, chunks=(192, 512), baselines=baselines)
     doc = advise(reqs, spec)
     json.dumps(doc, allow_nan=False)
     # vllm-v1 with srpt alone; with the TTFT target, in either order, alone and with each token budget
@@ -82,7 +83,9 @@ def test_the_advice_is_the_best_candidate_and_disaggregation_must_beat_colocated
 def test_at_a_load_only_disaggregation_serves_well_the_advice_is_disaggregated():
     # against the paper's baseline alone at a high rate, vllm-v0's prefills stall its decodes (docs/bench.md)
     reqs = make_workload("Mixed", 256, seed=0, rate=250.0, max_model_len=8192)
-    spec = AdviceSpec(gpus=4, slo=TIGHT, chunks=(256,), baselines=("vllm-v0",), modes=("colocated", "disaggregated"))
+    spec = AdviceSpec(
+        profile=H100, gpus=4, slo=TIGHT, chunks=(256,), baselines=("vllm-v0",), modes=("colocated", "disaggregated")
+    )
     doc = advise(reqs, spec)
     assert doc["advice"]["mode"] == "disaggregated"
     assert doc["advice"]["outcome"]["within_slo"] > doc["best_colocated"]["outcome"]["within_slo"]
@@ -136,8 +139,8 @@ def test_a_bad_trace_line_is_named(lines, needle):
 
 def test_rejecting_is_tried_only_when_asked() -> None:
     """`ttft_miss` reject changes what clients see (429s), so advise tries it only with ttft_misses."""
-    base = AdviceSpec(gpus=2, slo=TIGHT, modes=("colocated",))
-    asked = AdviceSpec(gpus=2, slo=TIGHT, modes=("colocated",), ttft_misses=("last", "reject"))
+    base = AdviceSpec(profile=H100, gpus=2, slo=TIGHT, modes=("colocated",))
+    asked = AdviceSpec(profile=H100, gpus=2, slo=TIGHT, modes=("colocated",), ttft_misses=("last", "reject"))
     for spec, want in ((base, {"last"}), (asked, {"last", "reject"})):
         assert {c["policies"]["ttft_miss"] for c in spec.candidates()} == want
     rejecting = [c for c in asked.candidates() if c["policies"]["ttft_miss"] == "reject"]

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from tetri.costmodel import default_chunk_size, load_profile
+from tetri.costmodel import DEFAULT_PROFILE, default_chunk_size, load_profile
 from tetri.scheduling.colocated import BASELINES
 from tetri.scheduling.names import QUEUE_ORDERS, TTFT_MISSES
 from tetri.scheduling.policyset import PolicySet
@@ -63,7 +63,7 @@ ORACLE_74 = PolicySet(predictor="oracle", predictor_accuracy=PAPER_ACCURACY)
 
 @dataclass(frozen=True)
 class AdviceSpec:
-    profile: str = "llama3-8b-h100"
+    profile: str = DEFAULT_PROFILE
     gpus: int = 4
     slo: SloSet = field(default=DEFAULT_SLO)
     price: float = 2.0  # dollars per GPU-hour

@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tetri.costmodel import CostModel, Profile, load_profile
+from tetri.costmodel import DEFAULT_PROFILE, CostModel, Profile, load_profile
 from tetri.scheduling.cacheindex import CacheEvents, CacheIndex
 from tetri.scheduling.dispatch import DecodeLoad, dispatch
 from tetri.scheduling.flip import FlipDecision, InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
@@ -83,7 +83,7 @@ class ClusterConfig:
     `pd_route` chooses per request) and the rest decode; vanilla runs them all colocated."""
 
     mode: str = "tetri"
-    profile: str | Profile = "opt-13b-v100"
+    profile: str | Profile = DEFAULT_PROFILE
     instances: int = 2
     prefill_instances: int = 1
     policy: PolicySet = field(default_factory=PolicySet)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tetri.costmodel import CostModel, default_chunk_size, load_profile
+from tetri.costmodel import DEFAULT_PROFILE, CostModel, default_chunk_size, load_profile
 from tetri.scheduling.admission import RESERVE_POINTS
 from tetri.scheduling.colocated import BASELINES
 from tetri.scheduling.policyset import PolicySet
@@ -74,7 +74,7 @@ class BenchSetup:
     """The knobs of a bench run. `prefill_instances` defaults to half the instances (at least one);
     `vanilla_instances` to `instances` (the same hardware budget)."""
 
-    profile: str = "opt-13b-v100"
+    profile: str = DEFAULT_PROFILE
     instances: int = 2
     prefill_instances: int | None = None
     vanilla_instances: int | None = None
@@ -366,7 +366,7 @@ def run_ablations(
 
 
 def speed_workload(
-    n: int = 10_000, instances: int = 32, seed: int = 0, profile: str = "opt-13b-v100"
+    n: int = 10_000, instances: int = 32, seed: int = 0, profile: str = DEFAULT_PROFILE
 ) -> tuple[list[Request], ClusterConfig]:
     """The DES speed case: n Mixed requests on `instances` (half prefill) at 0.8 × the vanilla
     2-instance rate scaled up (× instances / 2). Time `simulate` on it."""

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tetri.costmodel import DEFAULT_PROFILE
 from tetri.scheduling.colocated import BASELINES
 
 from .experiments import (
@@ -57,7 +58,7 @@ KEPT = (  # the metrics each run keeps (the sweep's JSON stays readable)
 @dataclass(frozen=True)
 class SweepSpec:
     workloads: tuple[str, ...] = ("Mixed",)
-    profile: str = "llama3-8b-h100"
+    profile: str = DEFAULT_PROFILE
     gpus: tuple[int, ...] = (4, 8)
     loads: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)  # × the first baseline's throughput on a burst
     chunks: tuple[int, ...] = (128, 256, 512, 1024)  # TetriInfer's ChunkSize
