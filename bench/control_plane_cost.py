@@ -195,7 +195,7 @@ def _setup(loop: str, fronts: int, interval: int) -> str:
     return ", ".join(parts + ([f"interval {interval}"] if interval > 1 else []))
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=300, help="requests per batch")
     ap.add_argument("--short", type=int, default=8, help="output tokens of the first batch")
@@ -224,6 +224,59 @@ def main() -> None:
         default="1",
         help="comma-separated: the daemon's --stream-interval, an SSE event per N tokens (each mode with each)",
     )
+    return ap
+
+
+def _rows(
+    t: Table,
+    args: argparse.Namespace,
+    run: tuple[str, str, int, int, str],
+    pids: dict[str, list[int]],
+    idle: dict[str, float],
+    short: Batch,
+    long: Batch,
+    route: float | None,
+) -> float | None:
+    """One run's rows (each process, the control plane, the workers, the total); the control plane's CPU
+    per request."""
+    mode, loop, nf, interval, routing = run
+    plane_a = None
+    plane = [k for k in pids if k in CONTROL_PLANE]
+    workers = [k for k in pids if k not in CONTROL_PLANE]
+    groups = [[k] for k in pids] + [plane, workers, list(pids)]
+    labels = [*pids, "control plane", "workers", "total"]
+    first = True
+    for names, label in zip(groups, labels, strict=True):
+        if len(names) == 1 and label in ("workers", "control plane"):
+            continue  # one process: already on its own row
+        a, b = fit(short, long, names)
+        total = label == "total"
+        ok = a <= 300e-6 and b <= 10e-6
+        name = f"{label} ×{len(pids[label])}" if label in pids and len(pids[label]) > 1 else label
+        row = [
+            mode if first else "",
+            f"{_setup(loop, nf, interval)}, {routing}" if first else "",
+            f"[b]{name}[/b]" if total else name,
+            f"{a * 1e6:,.0f}",
+            f"{b * 1e6:,.1f}",
+            f"{(a + b * args.short) * 1e3:.2f}",
+            f"{(a + b * args.long) * 1e3:.2f}",
+            f"{sum(idle[k] for k in names) * 100:.1f}",
+            f"{short.requests / short.wall:,.0f}" if total else "",
+            f"{long.requests / long.wall:,.0f}" if total else "",
+            f"{short.tokens / max(1, short.chunks):.2f} / {long.tokens / max(1, long.chunks):.2f}" if total else "",
+            f"{route * 1e6:.1f}" if total and route is not None else "",
+        ]
+        if names == plane:
+            plane_a = a
+            row[2] += " [green](meets target)[/green]" if ok else " [red](misses target)[/red]"
+        t.add_row(*row)
+        first = False
+    return plane_a
+
+
+def main() -> None:
+    ap = _parser()
     args = ap.parse_args()
     t = Table(
         title=f"Control-plane CPU, sim engine at time scale {args.time_scale:g}: {args.requests} requests × "
@@ -263,38 +316,9 @@ def main() -> None:
     per_request: dict[tuple[str, str, int, int, str], float] = {}
     for mode, loop, nf, interval, routing in runs:
         pids, idle, short, long, route = run_mode(mode, loop, nf, interval, routing, args)
-        plane = [k for k in pids if k in CONTROL_PLANE]
-        workers = [k for k in pids if k not in CONTROL_PLANE]
-        groups = [[k] for k in pids] + [plane, workers, list(pids)]
-        labels = [*pids, "control plane", "workers", "total"]
-        first = True
-        for names, label in zip(groups, labels, strict=True):
-            if len(names) == 1 and label in ("workers", "control plane"):
-                continue  # one process: already on its own row
-            a, b = fit(short, long, names)
-            total = label == "total"
-            ok = a <= 300e-6 and b <= 10e-6
-            name = f"{label} ×{len(pids[label])}" if label in pids and len(pids[label]) > 1 else label
-            row = [
-                mode if first else "",
-                f"{_setup(loop, nf, interval)}, {routing}" if first else "",
-                f"[b]{name}[/b]" if total else name,
-                f"{a * 1e6:,.0f}",
-                f"{b * 1e6:,.1f}",
-                f"{(a + b * args.short) * 1e3:.2f}",
-                f"{(a + b * args.long) * 1e3:.2f}",
-                f"{sum(idle[k] for k in names) * 100:.1f}",
-                f"{short.requests / short.wall:,.0f}" if total else "",
-                f"{long.requests / long.wall:,.0f}" if total else "",
-                f"{short.tokens / max(1, short.chunks):.2f} / {long.tokens / max(1, long.chunks):.2f}" if total else "",
-                f"{route * 1e6:.1f}" if total and route is not None else "",
-            ]
-            if names == plane:
-                per_request[(mode, loop, nf, interval, routing)] = a
-            if names == plane:
-                row[2] += " [green](meets target)[/green]" if ok else " [red](misses target)[/red]"
-            t.add_row(*row)
-            first = False
+        a = _rows(t, args, (mode, loop, nf, interval, routing), pids, idle, short, long, route)
+        if a is not None:
+            per_request[(mode, loop, nf, interval, routing)] = a
         t.add_section()
     Console(width=170).print(t)
     print("target: the control plane (every process that is not a worker) ≤ 300 µs per request and ≤ 10 µs per token")

@@ -1,24 +1,14 @@
-"""The cluster monitor (TetriInfer §3.2): instance registry, load reports, health, decode-load
-broadcast, and the cluster clock every daemon timestamp comes from.
+"""The cluster as both rooms hold it (TetriInfer §3.2): the instances registered, their load, the routing
+index and the model catalogue, and the cluster clock every daemon timestamp comes from.
 
-Workers stream a load report every report interval; a report is answered with the decode load (what
-prefill dispatchers choose from; other roles get the policies only), built at most every half interval
-and only when a decode instance's load changed; the gRPC edge sends a stream only an answer newer than
-the last it sent there.
-An instance that misses `unhealthy_after` intervals is marked unhealthy and gets no new work until it
-reports again. A cordoned instance (`cordon`: the admin API's `POST /api/v1/instances/{id}/cordon`) gets
-no new work either — no new prompts, no new hand-overs (broadcasts and fronts' views show it `cordoned`)
-— whatever it reports, until `uncordon`; what runs there runs to completion. The flag lives in this
-registry only: it survives a re-registration, and the instance's removal (it comes back cordoned), not
-a restart of the daemon.
-The prefix-cache index (`cache`, `tetri.scheduling.cacheindex`): which prompt blocks each instance's
-engine holds, fed by the batches of cache events on its load reports (a registration starts its entry
-afresh: the worker's next report carries its whole cache; a removal drops it); a front follows its
-controller's through the view stream (`follow`, `ClusterView.cache`). Routing (`entry`) reads it under
-the `routing` policy.
+The controller's registry (`daemon.controller.registry.Registry`, a `Cluster`) takes registrations and
+load reports, keeps health, cordons and flips, and answers reports with the decode-load broadcast. A front
+holds a copy (`follow`: the controller's view stream, `ClusterView`) and routes on it: the entry rule is
+`tetri.scheduling.routing.choose_entry`, which reads the routing index (`routes`), each instance's load
+(`load`) and the prefix-cache index (`cache`, `tetri.scheduling.cacheindex`: which prompt blocks each
+instance's engine holds; the registry feeds it from the load reports, a front replays its changes).
 
-Everything here is plain data: the ControlPlane gRPC service (`daemon.grpc_edge`) converts the wire
-messages to and from these classes.
+Everything here is plain data: the wire format's conversions are `daemon.wire`'s.
 
 Times are on the cluster clock (`tetri.clock.ClusterClock`: model time when the cluster runs scaled).
 The report interval paces processes, so it is wall time; the health limit (`unhealthy_after` ×
@@ -27,23 +17,18 @@ The report interval paces processes, so it is wall time; the health limit (`unhe
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tetri.clock import ClusterClock
-from tetri.scheduling.cacheindex import CacheEvents, CacheIndex, Change
-from tetri.scheduling.flip import ROLES as FLIP_ROLES
-from tetri.scheduling.flip import leaves_unserved
+from tetri.scheduling.cacheindex import CacheIndex, Change
 from tetri.scheduling.minindex import MinIndex
 from tetri.scheduling.policyset import PolicySet
-from tetri.scheduling.routing import InstanceLoad, cache_aware, choose_path, load_key, round_robin
-
-from .db.writer import BatchWriter
+from tetri.scheduling.routing import InstanceLoad, load_key
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +63,7 @@ class LoadReport:
 _CONTENT = tuple(f.name for f in dataclasses.fields(LoadReport) if f.name != "timestamp")
 
 
-def _says_more(old: LoadReport, new: LoadReport) -> bool:
+def says_more(old: LoadReport, new: LoadReport) -> bool:
     return any(getattr(old, f) != getattr(new, f) for f in _CONTENT)
 
 
@@ -253,46 +238,26 @@ class Instance:
 
 
 class Cluster:
-    def __init__(
-        self,
-        report_interval_s: float,
-        unhealthy_after: int,
-        writer: BatchWriter | None = None,
-        sample_every: int = 10,
-        clock: ClusterClock | None = None,
-        dead_after_s: float = 10.0,
-    ) -> None:
+    def __init__(self, report_interval_s: float, unhealthy_after: int, clock: ClusterClock | None = None) -> None:
         self.instances: dict[str, Instance] = {}
         # instance id -> when it was cordoned: the operator's word outlives the instance's removal (a worker
         # drained, stopped and started again under its id comes back cordoned, until uncordoned)
         self.cordoned_ids: dict[str, float] = {}
         self.report_interval_s = report_interval_s
         self.unhealthy_after = unhealthy_after
-        self.writer = writer
-        self.sample_every = sample_every
         self.clock = clock or ClusterClock()
         self.policies = PolicySet()
         self.policy_version = 0
-        self.dead_after_s = dead_after_s
         self.on_removed: Callable[[Instance], None] | None = None
-        # the broadcast, built at most once per half report interval (and at once after a change of the
-        # registry, of a state or role, or of the policies): each report is answered with it, so the daemon's
-        # work per interval is O(instances), not O(instances²) as when every answer was built afresh
-        self._broadcast: tuple[DecodeBroadcast, DecodeBroadcast] | None = None
-        self._built_at = 0.0
-        self._news_at: float | None = None  # when a decode instance first reported what the broadcast lacks
-        # told, at each rebuild that shows news, the wall seconds since the first report it shows
-        self.on_broadcast: Callable[[float], None] | None = None
         # the routing index, per (role, model), of the active instances, and each model's catalogue entry:
         # built after a change of the registry, of a state or role (`invalidate`), kept current between by
         # load reports and `routed`, so a request reads them instead of scanning the registry
         self._routes: dict[tuple[str, str], MinIndex] | None = None
         self._catalog: dict[str, ModelEntry] | None = None
         self.changes = 0  # counts what a front's view would show differently (reports, registry, states)
-        self.started = self.clock.now()
         self._followed_policies = ""  # a front: the policies of the last view it followed, as sent
         self.cache = CacheIndex()  # which prompt blocks each instance's prefix cache holds
-        self._turns: Counter[tuple[str, str]] = Counter()  # round-robin's turn per (role, model)
+        self.turns: Counter[tuple[str, str]] = Counter()  # round-robin's turn per (role, model)
 
     def instance_dicts(self) -> list[dict[str, object]]:
         now, settle = self.clock.now(), self.drain_settle_s()
@@ -308,16 +273,6 @@ class Cluster:
         return self.clock.model_seconds(2 * self.report_interval_s)
 
     # --- registry ---------------------------------------------------------------------------------
-    def refusal(self, reg: Registration) -> str | None:
-        """Why this registration is refused: malformed, or its id is held by another live worker (one at
-        another address that reported within the health limit; a failed call alone does not free the
-        id). A worker re-registering itself is accepted."""
-        old = self.instances.get(reg.instance_id)
-        limit = self.clock.model_seconds(self.unhealthy_after * self.report_interval_s)
-        if old is not None and old.address != reg.address and self.clock.now() - old.last_report <= limit:
-            return f"instance id {reg.instance_id!r} is held by a live worker at {old.address}"
-        return reg.refusal()
-
     def register(self, reg: Registration, relearn: bool = True) -> Instance:
         """Add (or renew) an instance; call `refusal` first. `relearn`: its prefix-cache entry starts afresh
         (the worker's next report carries its whole cache); a front's follows the controller's instead."""
@@ -349,126 +304,6 @@ class Cluster:
         self.instances[inst.id] = inst
         return inst
 
-    def report(self, msg: LoadReport, cache: CacheEvents | None = None) -> bool:
-        """Take a load report (and its batch of prefix-cache events); False when the instance is not
-        registered (removed as dead)."""
-        inst = self.instances.get(msg.instance_id)
-        if inst is None:
-            return False
-        if cache is not None:
-            self.cache.apply(inst.id, cache)
-        now = self.clock.now()
-        if inst.role == "decode" and self._news_at is None and _says_more(inst.load, msg):
-            self._news_at = now
-        inst.load = msg
-        inst.last_report = now
-        inst.reports += 1
-        self.changes += 1
-        if inst.state == "unhealthy":
-            log.warning("instance %s is reporting again", inst.id)
-        if not inst.flip_pending:
-            state, role = msg.state or "active", msg.role or inst.role  # the worker's own word
-            if (state, role) != (inst.state, inst.role):
-                inst.state, inst.role = state, role
-                self.invalidate()
-        self._reindex(inst)
-        if (
-            self.writer is not None
-            and inst.recorded  # a sample written before the instance's row would be refused
-            and (inst.sampled_report < 0 or inst.reports - inst.sampled_report >= self.sample_every)
-        ):
-            inst.sampled_report = inst.reports
-            self.writer.submit_load_samples(
-                [
-                    {
-                        "instance_id": inst.id,
-                        "ts": inst.last_report,
-                        "queued": msg.queued,
-                        "running": msg.running,
-                        "kv_used_tokens": msg.kv_used_tokens,
-                        "kv_capacity_tokens": msg.kv_capacity_tokens,
-                        "tokens_per_s": msg.tokens_per_s,
-                    }
-                ]
-            )
-        return True
-
-    def check_health(self, now: float | None = None) -> list[str]:
-        """Mark instances that missed `unhealthy_after` reports; returns the ids newly marked. Instances
-        silent for `dead_after_s` (wall) are removed from the registry (`on_removed` is told). `now` is
-        the cluster clock."""
-        now = self.clock.now() if now is None else now
-        limit = self.clock.model_seconds(self.unhealthy_after * self.report_interval_s)
-        dead = self.clock.model_seconds(self.dead_after_s)
-        marked = []
-        for inst in list(self.instances.values()):
-            silent = now - inst.last_report
-            if silent > dead:
-                del self.instances[inst.id]
-                self.cache.drop(inst.id)
-                self.invalidate()
-                log.warning("instance %s silent for %.1f s: removed", inst.id, self.dead_after_s)
-                if self.on_removed is not None:
-                    self.on_removed(inst)
-            elif inst.state != "unhealthy" and silent > limit:
-                inst.state = "unhealthy"
-                self.invalidate()
-                marked.append(inst.id)
-                log.warning("instance %s missed %d reports: unhealthy", inst.id, self.unhealthy_after)
-        return marked
-
-    def begin_flip(self, inst: Instance) -> None:
-        """The daemon starts flipping this instance: it leaves routing and the broadcast (peers stop
-        handing over to it) whatever its reports say, until `end_flip`."""
-        inst.flip_pending, inst.state = True, "draining"
-        self.invalidate()
-
-    def end_flip(self, inst: Instance, role: str | None) -> None:
-        """The flip ended: done (the instance now in `role`), or not (None: in its old role). It is active
-        again, unless it failed while a failed call had marked it unhealthy."""
-        inst.flip_pending = False
-        if role is not None:
-            inst.role = role
-        if role is not None or inst.state != "unhealthy":
-            inst.state = "active"
-        self.invalidate()
-
-    # --- cordon -------------------------------------------------------------------------------------------
-    def serving(self, model: str) -> tuple[Counter[str], int]:
-        """What takes `model`'s new work, as `leaves_unserved` counts it: its schedulable instances by role,
-        and its prefill instances draining for a flip (their held KV goes to a decode instance)."""
-        active = Counter(i.role for i in self.healthy(*FLIP_ROLES, model=model))
-        draining = sum(
-            1 for i in self.instances.values() if i.model == model and i.role == "prefill" and i.flip_pending
-        )
-        return active, draining
-
-    def cordon_refusal(self, inst: Instance) -> str | None:
-        """Why this instance may not be cordoned (None: it may): it is the last that keeps its model served
-        (`leaves_unserved`, the rule flips apply). One already out of routing (cordoned, flipping,
-        unhealthy) may always be."""
-        if not inst.schedulable:
-            return None
-        return leaves_unserved(inst.id, inst.role, *self.serving(inst.model))
-
-    def cordon(self, inst: Instance) -> bool:
-        """No new work for this instance (call `cordon_refusal` first); whether it was not cordoned yet."""
-        if inst.cordoned:
-            return False
-        inst.cordoned, inst.cordoned_at = True, self.clock.now()
-        self.cordoned_ids[inst.id] = inst.cordoned_at
-        self.invalidate()
-        return True
-
-    def uncordon(self, inst: Instance) -> bool:
-        """Routing may send it new work again; whether it was cordoned."""
-        if not inst.cordoned:
-            return False
-        inst.cordoned = False
-        self.cordoned_ids.pop(inst.id, None)
-        self.invalidate()
-        return True
-
     def suspect(self, instance_id: str) -> None:
         """A call to this instance failed at the transport (it died or is unreachable): route nothing
         more to it until it reports again."""
@@ -479,7 +314,7 @@ class Cluster:
             log.warning("instance %s failed a call: unhealthy until it reports again", instance_id)
 
     # --- the routing index and the model catalogue --------------------------------------------------
-    def _index(self) -> dict[tuple[str, str], MinIndex]:
+    def routes(self) -> dict[tuple[str, str], MinIndex]:
         """Per (role, model), the active instances not cordoned by `load_key` (the least loaded first)."""
         if self._routes is None:
             routes: dict[tuple[str, str], MinIndex] = {}
@@ -497,6 +332,10 @@ class Cluster:
         if idx is not None and inst.id in idx:
             idx.set(load_key(inst.snapshot()))
 
+    def load(self, instance_id: str) -> InstanceLoad:
+        """The instance's load as routing sees it (`tetri.scheduling.routing.choose_entry` reads it)."""
+        return self.instances[instance_id].snapshot()
+
     def routed(self, inst: Instance, delta: int) -> None:
         """A request routed to this entry (+1) or finished with it (-1): the router's fresh load."""
         inst.inflight = max(0, inst.inflight + delta)
@@ -506,81 +345,10 @@ class Cluster:
         """Active instances not cordoned in these roles (serving `model`, when given)."""
         return [
             self.instances[iid]
-            for (role, m), idx in self._index().items()
+            for (role, m), idx in self.routes().items()
             if role in roles and (model is None or m == model)
             for iid in idx
         ]
-
-    def entry(
-        self,
-        model: str,
-        exclude: frozenset[str] = frozenset(),
-        prompt: Sequence[int] = (),
-        predicted: tuple[int, int] | None = None,
-        split: bool = False,
-    ) -> Instance | None:
-        """Where a request for `model` with this `prompt` (token ids) starts (TetriInfer §3.2): an active
-        colocated instance, or an active prefill instance provided an active decode instance can take its
-        hand-over (cordoned ones count as none); none of `exclude`. Among the instances of a role, the
-        `routing` policy chooses (`_pick`: cache-aware, least-load or round-robin). When the model has both
-        roles, the policies' `pd_route` chooses between them for this request (`choose_path`: the tokens
-        the colocated entry would compute, the predicted output range and the two entries' loads); `split`:
-        only a prefill instance (the request names its decode instance). None: no instance can take it now."""
-        routes = self._index()
-        colocated = None if split else routes.get(("colocated", model))
-        prefill = routes.get(("prefill", model)) if routes.get(("decode", model)) else None
-        c = self._pick(colocated, exclude, prompt, both=prefill is not None) if colocated else None
-        p = self._pick(prefill, exclude, prompt) if prefill else None
-        pick = c if c is not None else p
-        if c is not None and p is not None:
-            pol = self.policies
-            path = choose_path(
-                pol.pd_route,
-                len(prompt) - c[1],  # what the colocated entry would compute
-                predicted,
-                self.instances[c[0]].snapshot(),
-                self.instances[p[0]].snapshot(),
-                pol.pd_prompt_tokens,
-                pol.pd_output_tokens,
-                pol.pd_backlog_slack,
-            )
-            pick = c if path == "colocated" else p
-        if pick is None:
-            return None
-        inst = self.instances[pick[0]]
-        if self.policies.routing == "round-robin":
-            self._turns[(inst.role, model)] += 1
-        return inst
-
-    def _pick(
-        self, idx: MinIndex, exclude: frozenset[str], prompt: Sequence[int], both: bool = False
-    ) -> tuple[str, int] | None:
-        """One role's instance for a request (`tetri.scheduling.routing`'s rule for the `routing` policy),
-        and the prompt tokens its prefix cache holds (looked up when cache-aware, or for the P/D choice when
-        the model has `both` paths); None when none can take it."""
-        least = idx.best(exclude)
-        if least is None:
-            return None
-        pol = self.policies
-        candidates = [iid for iid in idx if iid not in exclude] if exclude else list(idx)
-        chosen = least
-        held: dict[str, int] = {}
-        if pol.routing == "cache-aware" and prompt:
-            held = self._held(prompt, candidates)
-            if held:
-                with_hits = [(self.instances[iid].snapshot(), n) for iid, n in held.items()]
-                chosen = cache_aware(self.instances[least].snapshot(), with_hits, pol.cache_slack).instance_id
-        elif pol.routing == "round-robin":
-            inst = self.instances[least]
-            chosen = round_robin(candidates, self._turns[(inst.role, inst.model)]) or least
-        if pol.routing != "cache-aware" and prompt and both and pol.pd_route == "length":
-            held = self._held(prompt, [chosen])  # what it holds still counts for the P/D choice
-        return chosen, held.get(chosen, 0)
-
-    def _held(self, prompt: Sequence[int], candidates: Sequence[str]) -> dict[str, int]:
-        """Prompt tokens each candidate's prefix cache holds (those holding some), from the index."""
-        blocks = self.cache.match(prompt, candidates)
-        return {iid: n * self.cache.block_size(iid) for iid, n in blocks.items()}
 
     def catalog(self) -> dict[str, ModelEntry]:
         """Each registered model's entry (`ModelEntry`), rebuilt only after the registry changes."""
@@ -599,6 +367,17 @@ class Cluster:
             }
         return self._catalog
 
+    def vocab_size(self, model: str) -> int | None:
+        """The smallest vocabulary among the model's registered instances (None: none says)."""
+        entry = self.catalog().get(model)
+        return None if entry is None else entry.vocab_size
+
+    def max_model_len(self, model: str | None = None) -> int | None:
+        """The model's context (the smallest its instances announce); without a model, any model's."""
+        catalog = self.catalog()
+        lens = [e.known_context for m, e in catalog.items() if e.known_context and (model is None or m == model)]
+        return min(lens) if lens else None
+
     def models(self) -> dict[str, int]:
         """Each served model and its context (the smallest its instances announce)."""
         return {m: e.context for m, e in self.catalog().items()}
@@ -606,65 +385,11 @@ class Cluster:
     def invalidate(self) -> None:
         """Something the broadcast or the routing index shows changed (an instance's state or role, the
         registry, the policies): the next answer, index and catalogue are built afresh."""
-        self._broadcast = None
         self._routes = None
         self._catalog = None
         self.changes += 1
 
-    def decode_broadcast(self, role: str = "prefill") -> DecodeBroadcast:
-        """The answer to a load report from an instance in `role`: the decode instances' load for a prefill
-        instance (its dispatcher chooses from them), none for the others; the policies for all. Rebuilt at
-        most every half report interval, and only when a decode instance's load changed (an idle cluster's
-        is built once), or at once after `invalidate`; between, the same objects."""
-        now = self.clock.now()
-        news = self._news_at
-        if self._broadcast is None or (
-            news is not None and now - self._built_at >= self.clock.model_seconds(self.report_interval_s / 2)
-        ):
-            if news is not None and self.on_broadcast is not None:
-                self.on_broadcast((now - news) / self.clock.scale)
-            self._news_at = None
-            full = DecodeBroadcast(
-                instances=[
-                    DecodeInstanceLoad(i.id, i.address, self._broadcast_load(i), i.model)
-                    for i in self.instances.values()
-                    if i.role == "decode"
-                ],
-                timestamp=now,
-                policies_json=json.dumps(self.policies.to_dict()),
-                policy_version=self.policy_version,
-            )
-            self._broadcast, self._built_at = (full, dataclasses.replace(full, instances=[])), now
-        return self._broadcast[0] if role == "prefill" else self._broadcast[1]
-
-    def answer(self, role: str, policy_version: int) -> DecodeBroadcast | None:
-        """What a load report from an instance in `role` running `policy_version` is answered with: a
-        prefill instance, the broadcast with the decode load (its dispatcher chooses from it); any other,
-        the policies when they changed, else nothing (a reply not sent is half the cost of a report)."""
-        if role != "prefill" and policy_version == self.policy_version:
-            return None
-        return self.decode_broadcast(role)
-
     # --- a front's copy of the controller's registry ------------------------------------------------------
-    def view(self) -> ClusterView:
-        """The registry as a front follows it (instances flipping show as draining: out of routing; active
-        ones cordoned as `cordoned`)."""
-        return ClusterView(
-            [
-                InstanceState(
-                    i.registration(),
-                    "draining" if i.flip_pending else i.shown_state,
-                    i.load,
-                )
-                for i in self.instances.values()
-            ],
-            json.dumps(self.policies.to_dict()),
-            self.policy_version,
-            self.clock.now(),
-            self.clock.scale,
-            settled=self.clock.now() - self.started >= self.clock.model_seconds(self.dead_after_s),
-        )
-
     def follow_cache(self, view: ClusterView) -> None:
         """A front takes the index changes a view message relays (its controller's, in order)."""
         if view.cache_snapshot:
@@ -720,19 +445,3 @@ class Cluster:
             self.policy_version, self._followed_policies = view.policy_version, view.policies_json
             self.invalidate()
         return new
-
-    def set_policies(self, policies: PolicySet) -> None:
-        self.policies = policies
-        self.policy_version += 1
-        self.invalidate()
-
-    @staticmethod
-    def _broadcast_load(i: Instance) -> LoadReport:
-        return dataclasses.replace(
-            i.load, state=i.shown_state, kv_capacity_tokens=i.load.kv_capacity_tokens or i.kv_capacity_tokens
-        )
-
-    async def monitor(self) -> None:
-        while True:
-            await asyncio.sleep(self.report_interval_s)
-            self.check_health()

@@ -28,13 +28,13 @@ from tetri.config import ConfigError, DaemonSettings, check_daemon_settings, loa
 from tetri.gcheap import freeze_startup_heap
 from tetri.logsetup import configure_logging
 
-from .api.front import OpenAIFront
 from .app import create_app
-from .controller_link import ControllerUnreachable, FrontLink
+from .build import tls_of
+from .controller.edge import PortInUse, bind_control_plane
 from .db.store import ensure_sqlite_parent_dir
-from .fronts import front_incarnation
-from .gateway import Gateway
-from .grpc_edge import PortInUse, Tls, bind_control_plane
+from .front.asgi import OpenAIFront
+from .front.gateway import Gateway
+from .front.link import ControllerUnreachable, FrontLink, front_incarnation
 from .http_timeouts import timed_protocol
 from .supervisor import Supervisor
 
@@ -115,9 +115,9 @@ def _error(message: str) -> None:
 
 @dataclass(frozen=True)
 class Role:
-    """What this process is: "daemon" (the whole control plane), "controller" or "front" (`daemon.fronts`).
-    A front follows the controller at `controller` (gRPC host:port), named `front_name`, and listens on a
-    port of its own (`front_port`, 0: any) besides the shared one."""
+    """What this process is: "daemon" (the whole control plane: both rooms), "controller" or "front"
+    (`daemon.controller`, `daemon.front`). A front follows the controller at `controller` (gRPC host:port),
+    named `front_name`, and listens on a port of its own (`front_port`, 0: any) besides the shared one."""
 
     name: str = "daemon"
     controller: str | None = None
@@ -132,7 +132,7 @@ def _bind_error(host: str, port: int, e: OSError) -> str:
 
 
 async def serve(settings: DaemonSettings, mode: str = "disaggregated", role: Role = Role()) -> int:
-    tls = Tls(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file)
+    tls = tls_of(settings)
     front = role.name == "front"
     link = None
     if front:  # a front listens once it has the controller's view: without one, one line and exit 2

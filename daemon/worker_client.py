@@ -13,6 +13,7 @@ stream"). The stream breaking ends each call on it with `WorkerCallError`; the n
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -26,7 +27,7 @@ from tetri.proto.serve import Answer, ServeStream, ServeStreams, StreamBroken
 from tetri.sampling import GREEDY, Sampling
 
 from .cluster import LoadReport
-from .grpc_edge import load_from_pb
+from .wire import load_from_pb
 
 
 class WorkerCallError(Exception):
@@ -202,6 +203,18 @@ class WorkerClient:
         except grpc.aio.AioRpcError as e:
             raise _error(e) from None
         return bool(reply.found)
+
+    async def cancel_anywhere(self, addresses: Sequence[str], request_id: str, timeout: float) -> bool:
+        """Abort a request another front serves: every address given is asked to (the front serving it
+        sees its stream end as cancelled). Whether one had it."""
+
+        async def one(address: str) -> bool:
+            try:
+                return await self.cancel(address, request_id, timeout)
+            except WorkerCallError:
+                return False
+
+        return any(await asyncio.gather(*(one(a) for a in addresses)))
 
     async def flip(self, address: str, to_role: str, timeout: float) -> Reply:
         try:

@@ -1,4 +1,4 @@
-"""The daemon's ASGI front (daemon/api/front.py) on its own: which requests it answers itself (valid
+"""The daemon's ASGI front (daemon/front/asgi.py) on its own: which requests it answers itself (valid
 completions) and that everything else reaches the app behind it unchanged — the body replayed byte for
 byte, BodyGuard's limit still applied. End to end (a live daemon: the answers, and every refusal in the
 error shape) it is covered by tests/cluster (test_e2e, test_hostile, test_schemathesis)."""
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
-from daemon.api.front import OpenAIFront
 from daemon.api.guard import BodyGuard
 from daemon.api.schemas import ChatCompletionRequest, CompletionRequest
+from daemon.front.asgi import OpenAIFront
 from tetri.config import DaemonSettings
 
 from .asgi import drive, reader

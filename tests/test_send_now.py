@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from daemon.api.openai import _Frames, _Job, _Stream
 from daemon.api.sse import send_now
+from daemon.front.openai import _Frames, _Job, _Stream
 
 
 class Socket:

@@ -1,5 +1,7 @@
-"""The admin API under /api/v1: cluster summary, instances (and their cordons), requests, one request's
-timeline, cancel, policies, flips.
+"""The admin API's reads under /api/v1, which every process answers itself: cluster summary, instances,
+requests, one request's timeline, cancel, policies and their history, flips, the predictor. The writes
+that change the cluster (cordons, policies, flips, plans) are the controller's (`daemon.controller.admin`);
+a front forwards them there (`daemon.front.forward`).
 
 Status-table reads go to the database (writes are batched, so a request may appear there up to one
 flush interval after it arrives); while it is unavailable they answer 503 (`store_unavailable`, the
@@ -11,23 +13,19 @@ clock's (model time when the cluster runs scaled); `/cluster` and `/requests` sa
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 
-from tetri.planner.planfile import parse_plan
-from tetri.planner.workload import WorkloadError
-from tetri.scheduling.policyset import PolicyError
-
+from ..cluster import Cluster, Instance
 from ..db.models import Phase, Status
 from ..db.store import REQUEST_COLUMNS
-from ..flips import FlipError
-from ..gateway import Gateway, Inflight
-from .auth import identity, require_admin
-from .forward import at_front, to_controller
+from ..db.writer import BatchWriter
+from ..inflight import Inflight, Serving
+from .auth import require_admin
 from .schemas import BulkCancel, errors
 
 log = logging.getLogger(__name__)
@@ -36,91 +34,72 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], responses=errors(401, 404, 409, 503))
 
 
-def _gw(request: Request) -> Gateway:
-    return request.app.state.gateway
+def _cluster(request: Request) -> Cluster:
+    return request.app.state.cluster
+
+
+def _serving(request: Request) -> Serving | None:
+    """The gateway of the process's front room (None: a controller alone serves no requests)."""
+    return request.app.state.serving
+
+
+def _writer(request: Request) -> BatchWriter:
+    return request.app.state.writer
+
+
+def _inflight(request: Request) -> Mapping[str, Inflight]:
+    serving = _serving(request)
+    return {} if serving is None else serving.inflight
 
 
 @router.get("/cluster")
 async def cluster(request: Request) -> dict[str, Any]:
-    gw = _gw(request)
+    cluster, writer, inflight = _cluster(request), _writer(request), _inflight(request)
     store = request.app.state.store
-    counts, queued = await gw.writer.read_settled(store.count_by_status)
+    counts, queued = await writer.read_settled(store.count_by_status)
     for status, change in queued.items():  # finished (or admitted) since the last flush: as the daemon knows it
         counts[status] = counts.get(status, 0) + change
-    instances = gw.cluster.instance_dicts()
+    instances = cluster.instance_dicts()
     by_role: dict[str, dict[str, int]] = {}
     for inst in instances:
         r = by_role.setdefault(str(inst["role"]), {"total": 0, "active": 0})
         r["total"] += 1
         r["active"] += inst["state"] == "active"
     phases: dict[str, int] = {}
-    for fl in gw.inflight.values():
+    for fl in inflight.values():
         phases[fl.phase.value] = phases.get(fl.phase.value, 0) + 1
-    served = sorted(gw.cluster.models())
+    served = sorted(cluster.models())
     return {
         "model": ", ".join(served),  # every served model, for a one-line summary
         "models": served,
         "mode": request.app.state.mode,
         "uptime_s": time.monotonic() - request.app.state.started,
-        "now": gw.clock.now(),
-        "time_scale": gw.clock.scale,
+        "now": cluster.clock.now(),
+        "time_scale": cluster.clock.scale,
         "instances": by_role,
-        "inflight": len(gw.inflight),
+        "inflight": len(inflight),
         "inflight_by_phase": phases,
         "requests_by_status": counts,
         "latency": request.app.state.metrics.latency(),  # the /metrics histograms, for a dashboard's window
-        "max_model_len": gw.max_model_len(),
+        "max_model_len": cluster.max_model_len(),
         # the status table's writes: up, or the cause; the rows held for it (past buffer_rows: 503s)
         "store": {
-            "up": gw.writer.outage is None,
-            "error": gw.writer.outage,
-            "buffered_rows": gw.writer.buffered,
-            "buffer_rows": gw.writer.max_buffered,
+            "up": writer.outage is None,
+            "error": writer.outage,
+            "buffered_rows": writer.buffered,
+            "buffer_rows": writer.max_buffered,
         },
     }
 
 
 @router.get("/instances")
 async def instances(request: Request) -> dict[str, Any]:
-    return {"instances": _gw(request).cluster.instance_dicts()}
+    return {"instances": _cluster(request).instance_dicts()}
 
 
 @router.get("/instances/{instance_id}")
 async def instance(instance_id: str, request: Request) -> dict[str, Any]:
-    return _gw(request).cluster.instance_dict(_instance(request, instance_id))
-
-
-# --- cordons --------------------------------------------------------------------------------------------
-@router.post("/instances/{instance_id}/cordon")
-async def cordon(instance_id: str, request: Request) -> dict[str, Any]:
-    """Send the instance no new work (no new prompts; no new hand-overs to a decode instance) until it is
-    uncordoned; what runs there runs to completion, and it stays registered and reporting. Refused (409)
-    when it is the last instance that keeps its model served, as a flip is. Held in the controller's memory
-    (a daemon restart forgets it). The instance, `changed`: whether it was not cordoned yet."""
-    if at_front(request):
-        return await to_controller(request, None)
-    cluster = _gw(request).cluster
-    inst = _instance(request, instance_id)
-    refusal = cluster.cordon_refusal(inst)
-    if refusal is not None:
-        raise HTTPException(409, detail={"message": f"not cordoned: {refusal}", "param": None})
-    changed = cluster.cordon(inst)
-    if changed:
-        log.warning("instance %s (%s) cordoned by %s", inst.id, inst.role, identity(request))
-    return cluster.instance_dict(inst) | {"changed": changed}
-
-
-@router.post("/instances/{instance_id}/uncordon")
-async def uncordon(instance_id: str, request: Request) -> dict[str, Any]:
-    """Routing may send the instance new work again. The instance, `changed`: whether it was cordoned."""
-    if at_front(request):
-        return await to_controller(request, None)
-    cluster = _gw(request).cluster
-    inst = _instance(request, instance_id)
-    changed = cluster.uncordon(inst)
-    if changed:
-        log.warning("instance %s (%s) uncordoned by %s", inst.id, inst.role, identity(request))
-    return cluster.instance_dict(inst) | {"changed": changed}
+    return _cluster(request).instance_dict(instance_or_404(request, instance_id))
 
 
 @router.get("/requests")
@@ -132,7 +111,7 @@ async def requests(
     offset: int = Query(0, ge=0, le=2**62),
     id_prefix: str | None = Query(None, max_length=64),
 ) -> dict[str, Any]:
-    gw = _gw(request)
+    inflight = _inflight(request)
     if phase is not None and phase != Phase.DONE:  # in flight: the daemon's memory has it, not the table
         rows, total = await _inflight_rows(request, phase, status, limit, offset, id_prefix)
     else:
@@ -145,10 +124,10 @@ async def requests(
             id_prefix,
         )
     for row in rows:  # in flight: as the daemon knows it now, not as of the last flush
-        fl = gw.inflight.get(row["id"])
+        fl = inflight.get(row["id"])
         if fl is not None:
             row.update(_live(fl))
-    return {"requests": rows, "total": total, "limit": limit, "offset": offset, "now": gw.clock.now()}
+    return {"requests": rows, "total": total, "limit": limit, "offset": offset, "now": _cluster(request).clock.now()}
 
 
 async def _inflight_rows(
@@ -156,14 +135,13 @@ async def _inflight_rows(
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of the requests in flight in `phase`, ordered as the table's listing (newest arrival first,
     ties by id), each on its row as inserted."""
-    gw = _gw(request)
     if status not in (None, Status.RUNNING):
         return [], 0
-    hits = [fl for fl in gw.inflight.values() if fl.phase == phase and fl.id.startswith(id_prefix or "")]
+    hits = [fl for fl in _inflight(request).values() if fl.phase == phase and fl.id.startswith(id_prefix or "")]
     hits.sort(key=lambda fl: (-fl.arrival, fl.id))
     page = [fl.id for fl in hits[offset : offset + limit]]
     store = request.app.state.store
-    stored, pending = await gw.writer.read_with_pending(lambda: store.get_requests(page), page)
+    stored, pending = await _writer(request).read_with_pending(lambda: store.get_requests(page), page)
     empty = dict.fromkeys(sorted(REQUEST_COLUMNS))
     rows = [empty | {"id": rid} | stored.get(rid, {}) | pending.get(rid, {}) for rid in page]
     return rows, len(hits)
@@ -189,12 +167,11 @@ def _live(fl: Inflight) -> dict[str, Any]:
 
 @router.get("/requests/{request_id}")
 async def one_request(request_id: str, request: Request) -> dict[str, Any]:
-    gw = _gw(request)
     store = request.app.state.store
     # and what is written at the next flush (a finished request's last fields), read with it
-    row, pending = await gw.writer.read_with_pending(lambda: store.get_request(request_id), [request_id])
+    row, pending = await _writer(request).read_with_pending(lambda: store.get_request(request_id), [request_id])
     queued = pending.get(request_id)
-    fl = gw.inflight.get(request_id)
+    fl = _inflight(request).get(request_id)
     if row is None and queued is None and fl is None:
         raise HTTPException(404, detail=f"no request {request_id!r}")
     base = row if row is not None else dict.fromkeys(sorted(REQUEST_COLUMNS)) | {"id": request_id}
@@ -224,71 +201,42 @@ async def cancel_many(request: Request, body: Annotated[BulkCancel, Body()]) -> 
     cancelled. A body is required, so that an empty POST cancels nothing. Finished requests are not
     touched: only what runs can be cancelled. Requests other fronts serve are cancelled through their
     workers (up to 1000 a call: call again for more)."""
-    gw = _gw(request)
-    ids = await gw.cancel_many(body.id_prefix)
+    serving = _serving(request)
+    ids = [] if serving is None else await serving.cancel_many(body.id_prefix)
     # and those other fronts serve, as the status table knows them (none where no front runs)
     rows, _ = await asyncio.to_thread(
         request.app.state.store.list_requests, None, Status.RUNNING.value, 1000, 0, body.id_prefix or None
     )
-    others = [r["id"] for r in rows if r["front"] != gw.front and r["id"] not in ids]
-    found = await asyncio.gather(*(gw.cancel_on_workers(rid) for rid in others))
+    front = None if serving is None else serving.front
+    others = [r["id"] for r in rows if (serving is None or r["front"] != front) and r["id"] not in ids]
+    found = await asyncio.gather(*(_cancel_elsewhere(request, rid) for rid in others))
     ids = sorted(ids + [rid for rid, ok in zip(others, found, strict=True) if ok])
     return {"cancelled": ids, "count": len(ids)}
 
 
 @router.post("/requests/{request_id}/cancel")
 async def cancel(request_id: str, request: Request) -> dict[str, Any]:
-    gw = _gw(request)
-    if await gw.cancel(request_id):
+    serving = _serving(request)
+    if serving is not None and await serving.cancel(request_id):
         return {"id": request_id, "cancelled": True}
     row = await asyncio.to_thread(request.app.state.store.get_request, request_id)
     if row is None:
         raise HTTPException(404, detail=f"no request {request_id!r}")
-    elsewhere = row["status"] == Status.RUNNING and row["front"] != gw.front
-    if elsewhere and await gw.cancel_on_workers(request_id):  # another front serves it
+    elsewhere = row["status"] == Status.RUNNING and (serving is None or row["front"] != serving.front)
+    if elsewhere and await _cancel_elsewhere(request, request_id):  # another front serves it
         return {"id": request_id, "cancelled": True}
     raise HTTPException(409, detail=f"request {request_id!r} is not in flight (status {row['status']})")
 
 
 # --- policies (hot-swap) ---------------------------------------------------------------------------------
-def _policies_doc(request: Request) -> dict[str, Any]:
-    cluster = _gw(request).cluster
+def policies_doc(request: Request) -> dict[str, Any]:
+    cluster = _cluster(request)
     return {"version": cluster.policy_version, "policies": cluster.policies.to_dict()}
 
 
 @router.get("/policies")
 async def get_policies(request: Request) -> dict[str, Any]:
-    return _policies_doc(request)
-
-
-@router.put("/policies")
-async def set_policies(request: Request, changes: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
-    """Change any of the runtime policies; validated as a whole (a bad field is a 400 naming it),
-    applied without restart (pushed to the workers with the next load broadcast), audited."""
-    if at_front(request):
-        return await to_controller(request, changes)
-    cluster = _gw(request).cluster
-    old = cluster.policies
-    try:
-        new = old.changed(**changes)
-    except PolicyError as e:
-        raise HTTPException(400, detail={"message": str(e), "param": e.field}) from None
-    except TypeError as e:
-        raise HTTPException(400, detail={"message": str(e), "param": None}) from None
-    if new.flip_policy == "advise" and old.flip_policy != "advise" and request.app.state.flipper.advisor is None:
-        message = "flip_policy: advise needs the cluster's cost profile; start the daemon with --profile"
-        raise HTTPException(400, detail={"message": message, "param": "flip_policy"})
-    who = identity(request)
-    diff = [(k, old.to_dict()[k], v) for k, v in new.to_dict().items() if old.to_dict()[k] != v]
-    if diff:
-        cluster.set_policies(new)
-        request.app.state.flipper.configure()
-        now = cluster.clock.now()
-        for field, before, after in diff:
-            await asyncio.to_thread(
-                request.app.state.store.record_policy_change, now, field, json.dumps(before), json.dumps(after), who
-            )
-    return _policies_doc(request) | {"changed": [k for k, _, _ in diff]}
+    return policies_doc(request)
 
 
 @router.get("/policies/history")
@@ -297,24 +245,6 @@ async def policy_history(request: Request) -> dict[str, Any]:
 
 
 # --- flips ----------------------------------------------------------------------------------------------
-@router.post("/instances/{instance_id}/flip", status_code=202)
-async def flip(
-    instance_id: str, request: Request, body: Annotated[dict[str, Any] | None, Body()] = None
-) -> dict[str, Any]:
-    if at_front(request):
-        return await to_controller(request, body)
-    body = body or {}
-    to = body.get("to")
-    if to is not None and not isinstance(to, str):
-        raise HTTPException(400, detail={"message": "to: must be colocated, prefill or decode", "param": "to"})
-    try:
-        return await request.app.state.flipper.start(
-            instance_id, to, str(body.get("reason", "manual")), identity(request)
-        )
-    except FlipError as e:
-        raise HTTPException(e.status, detail={"message": str(e), "param": "to" if e.status == 400 else None}) from None
-
-
 @router.get("/flips")
 async def flips(request: Request) -> dict[str, Any]:
     return {"flips": await asyncio.to_thread(request.app.state.store.list_flips)}
@@ -323,7 +253,7 @@ async def flips(request: Request) -> dict[str, Any]:
 # --- length predictor -----------------------------------------------------------------------------------
 @router.get("/predictor")
 async def predictor(request: Request) -> dict[str, Any]:
-    p = _gw(request).cluster.policies
+    p = _cluster(request).policies
     return {"predictor": p.predictor, "granularity": p.predictor_granularity} | request.app.state.predictor.describe()
 
 
@@ -331,52 +261,19 @@ async def predictor(request: Request) -> dict[str, Any]:
 async def retrain(request: Request) -> dict[str, Any]:
     """Retrain the learned predictor now from the finished requests in the status table."""
     await request.app.state.writer.flush()
-    out: dict[str, Any] = await request.app.state.predictor.retrain(_gw(request).cluster.policies.predictor_granularity)
+    out: dict[str, Any] = await request.app.state.predictor.retrain(_cluster(request).policies.predictor_granularity)
     return out
 
 
-# --- Sorted-F plan admission ------------------------------------------------------------------------------
-@router.put("/instances/{instance_id}/plan")
-async def load_plan(instance_id: str, request: Request, plan: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
-    """Load a plan file (`tetrictl plan solve`'s format) into a decode instance: it admits requests in
-    the plan's order (requests carry the plan's ids as `tetri.request_id`) while the plan's future fits
-    its KV capacity. A plan that does not parse is a 400; the instance keeps its policy."""
-    try:
-        parsed = parse_plan(json.dumps(plan), source="plan")
-    except WorkloadError as e:
-        raise HTTPException(400, detail={"message": str(e), "param": "plan"}) from None
-    inst = _decode_instance(request, instance_id)
-    reply = await _gw(request).workers.set_plan(inst.address, parsed.order, timeout=10)
-    if not reply.ok:
-        raise HTTPException(409, detail=reply.reason)
-    return {
-        "instance_id": instance_id,
-        "planned": len(parsed.order),
-        "plan_memory": parsed.memory,
-        "kv_capacity_tokens": inst.kv_capacity_tokens,
-        "policy": parsed.policy,
-    }
+async def _cancel_elsewhere(request: Request, rid: str) -> bool:
+    """Cancel a request another front serves, through every registered instance."""
+    addresses = [i.address for i in _cluster(request).instances.values()]
+    return await request.app.state.workers.cancel_anywhere(addresses, rid, timeout=5)
 
 
-@router.delete("/instances/{instance_id}/plan")
-async def clear_plan(instance_id: str, request: Request) -> dict[str, Any]:
-    inst = _decode_instance(request, instance_id)
-    reply = await _gw(request).workers.set_plan(inst.address, None, timeout=10)
-    if not reply.ok:
-        raise HTTPException(409, detail=reply.reason)
-    return {"instance_id": instance_id, "planned": 0}
-
-
-def _instance(request: Request, instance_id: str) -> Any:
+def instance_or_404(request: Request, instance_id: str) -> Instance:
     """The registered instance, or a 404 naming the id."""
-    inst = _gw(request).cluster.instances.get(instance_id)
+    inst = _cluster(request).instances.get(instance_id)
     if inst is None:
         raise HTTPException(404, detail=f"no instance {instance_id!r}")
-    return inst
-
-
-def _decode_instance(request: Request, instance_id: str) -> Any:
-    inst = _instance(request, instance_id)
-    if inst.role != "decode":
-        raise HTTPException(409, detail=f"instance {instance_id} is a {inst.role} instance: plans load into decode")
     return inst

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -252,3 +253,21 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "tetri"
     max_model_len: int | None = None
+
+
+STORE_RETRY_AFTER_S = "5"  # the status table unavailable (503)
+
+
+def openai_error(
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+
+def store_refused(message: str) -> JSONResponse:
+    """503 for the status table: unavailable to a read, or past `store_buffer_rows` rows held for it."""
+    return JSONResponse(
+        error_body(message, "ServiceUnavailableError", None, "store_unavailable"),
+        status_code=503,
+        headers={"Retry-After": STORE_RETRY_AFTER_S},
+    )

@@ -2,7 +2,7 @@
 transition watcher (`tetri.scheduling.flip`, a pure policy).
 
 Protocol: validate (known instance, to another of the three roles, not already flipping, never leaving
-its model unserved: `flip_refusal`, its instances counted as for a cordon, `Cluster.serving`) → record the
+its model unserved: `flip_refusal`, its instances counted as for a cordon, `Registry.serving`) → record the
 flip → mark the instance draining in the registry (no new requests are routed to it, and the decode-load
 broadcast tells prefill instances to stop sending to it) → the worker's Flip RPC drains queued and
 running work and changes role → the registry takes the new role and the instance is active again,
@@ -35,10 +35,11 @@ from tetri.des.flipadvisor import SplitAdvisor
 from tetri.des.trace import Seen
 from tetri.scheduling.flip import InstanceView, SplitAdvice, TransitionWatcher, flip_refusal
 
-from .cluster import Cluster, Instance
-from .db.store import Store
-from .db.writer import describe, store_unavailable
-from .worker_client import WorkerCallError, WorkerClient
+from ..cluster import Instance
+from ..db.store import Store
+from ..db.writer import describe, store_unavailable
+from ..worker_client import WorkerCallError, WorkerClient
+from .registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def advisor_for(settings: DaemonSettings) -> SplitAdvisor | None:
 class Flipper:
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: Registry,
         workers: WorkerClient,
         store: Store,
         advisor: SplitAdvisor | None = None,
@@ -87,7 +88,7 @@ class Flipper:
             raise FlipError(400, f"to: required for colocated instance {inst.id} (prefill or decode)")
         to = to_role or ("decode" if inst.role == "prefill" else "prefill")
         state = "flipping" if inst.flip_pending else inst.state
-        active, draining = self.cluster.serving(inst.model)  # what a cordon counts too (`Cluster.cordon_refusal`)
+        active, draining = self.cluster.serving(inst.model)  # what a cordon counts too (`Registry.cordon_refusal`)
         if inst.cordoned and state == "active":  # counted as the rule counts it, "this one included"
             active[inst.role] += 1  # (cordoned, it serves nothing new: flipping it leaves the model as it is)
         refusal = flip_refusal(inst.id, inst.role, state, to, active, draining)

@@ -8,7 +8,7 @@ streams its view to every front (`ControlPlane.Watch`).
 Here is the controller's end of that stream, `FrontWatch`: its record of which fronts are connected,
 which ends the running rows of a front whose stream ended and did not come back within a grace, and at a
 controller's start, those of any front that does not reconnect. The front's end is
-`daemon.controller_link.FrontLink`.
+`daemon.front.link.FrontLink`.
 """
 
 from __future__ import annotations
@@ -16,25 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 
 from tetri.clock import ClusterClock
 
-from .db.store import Store
-from .db.writer import store_unavailable
+from ..db.store import Store
+from ..db.writer import store_unavailable
 
 log = logging.getLogger(__name__)
 
 STORE_RETRY_S = 2.0  # the status table unavailable: a front's rows are ended when it is back, tried this often
 FRONT_GRACE_S = 5.0  # a front whose view stream ended is gone unless it is back within this (a controller's restart)
-
-
-def front_incarnation(name: str) -> str:
-    """The id a front's rows carry: its name, this process and a random part (a restarted front is a new
-    incarnation, so ending the old one's rows never touches the new one's, even where pids repeat, as
-    in containers). At most 64 characters (`requests.front`)."""
-    return f"{name[:40]}.{os.getpid()}.{os.urandom(3).hex()}"
 
 
 class FrontWatch:

@@ -23,10 +23,10 @@ from starlette.responses import Response
 
 from tetri.config import DaemonSettings
 
-from .auth import api_key_ok
-from .guard import Message, Receive, Scope, Send, has_surrogate_escape
+from ..api.auth import api_key_ok
+from ..api.guard import Message, Receive, Scope, Send, has_surrogate_escape
+from ..api.schemas import ChatCompletionRequest, CompletionRequest
 from .openai import chat_completions, completions
-from .schemas import ChatCompletionRequest, CompletionRequest
 
 Endpoint = Callable[[Any, Request], Awaitable[Response]]
 ROUTES: dict[str, tuple[type[BaseModel], Endpoint]] = {

@@ -1,24 +1,51 @@
-"""A front's admin writes that belong to the controller (policy changes, flips): forwarded to the
-controller's HTTP API with the caller's credentials, its answer passed back as it is. While the controller
-is away (restarting) they get 503 with Retry-After; every read is answered by the front itself."""
+"""A front's admin writes that belong to the controller (cordons, policy changes, flips, plans: the routes of
+`daemon.controller.admin`): forwarded to the controller's HTTP API with the caller's credentials and body,
+its answer passed back as it is. While the controller is away (restarting) they get 503 with Retry-After;
+every read is answered by the front itself (`daemon.api.reads`)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
-from fastapi import HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from ..api.auth import require_admin
+from ..api.schemas import errors
 
 UNAVAILABLE = "the controller is unavailable (restarting?): retry in a moment"
+# the controller's writes (`daemon.controller.admin`), by method and path under /api/v1
+WRITES = (
+    ("POST", "/instances/{instance_id}/cordon"),
+    ("POST", "/instances/{instance_id}/uncordon"),
+    ("PUT", "/policies"),
+    ("POST", "/instances/{instance_id}/flip"),
+    ("PUT", "/instances/{instance_id}/plan"),
+    ("DELETE", "/instances/{instance_id}/plan"),
+)
+
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], responses=errors(401, 404, 409, 503))
 
 
-def at_front(request: Request) -> bool:
-    return getattr(request.app.state, "role", "daemon") == "front"
+async def _forward(request: Request) -> JSONResponse:
+    """The controller's answer to this write (its body, when it has one, passed on as JSON)."""
+    body = await request.body()
+    try:
+        payload = json.loads(body) if body else None
+    except ValueError:
+        raise HTTPException(400, detail={"message": "malformed JSON body", "param": None}) from None
+    return await to_controller(request, payload)
 
 
-async def to_controller(request: Request, payload: Any) -> dict[str, Any]:
-    """The controller's answer to this request (with `payload` as its JSON body); its refusal is raised as
-    the same HTTPException, so the front answers exactly as the controller did."""
+for _method, _path in WRITES:
+    router.add_api_route(_path, _forward, methods=[_method], include_in_schema=False)
+
+
+async def to_controller(request: Request, payload: Any) -> JSONResponse:
+    """The controller's answer to this request (with `payload` as its JSON body), with its status; its
+    refusal is raised as the same HTTPException, so the front answers exactly as the controller did."""
     link = request.app.state.front
     if not link.connected or not link.admin_url:
         raise HTTPException(503, detail={"message": UNAVAILABLE, "param": None}, headers={"Retry-After": "1"})
@@ -38,7 +65,7 @@ async def to_controller(request: Request, payload: Any) -> dict[str, Any]:
         detail = {"message": f"the controller answered {r.status_code} without a JSON body", "param": None}
         raise HTTPException(502, detail=detail) from None
     if r.is_success:
-        return dict(doc)
+        return JSONResponse(doc, status_code=r.status_code)
     err = doc.get("error", {}) if isinstance(doc, dict) else {}
     detail = {"message": str(err.get("message", r.reason_phrase)), "param": err.get("param")}
     retry = {k: v for k, v in r.headers.items() if k == "retry-after"}

@@ -1,9 +1,10 @@
-"""The global scheduler (TetriInfer §3.2): route each request to the least-loaded prefill (or
-colocated) instance, follow it through prefill → transfer → decode, stream its tokens back, and record
-it in the status table (batched, off the streaming path).
+"""The front's gateway (TetriInfer §3.2's global scheduler, its serving half): admit each request (its
+prediction, its row), run it (`daemon.front.run.Run`: routed by `daemon.front.route.Router`, followed through
+prefill → transfer → decode, its tokens streamed back), and record its end in the status table (batched,
+off the streaming path).
 
 A request runs in its caller's task (`serve`): its tokens go to the caller's `Output` as they come
-(`daemon.run.Run`: one object per request, no generator or task per token), and it ends with `Finished`
+(one object per request, no generator or task per token), and it ends with `Finished`
 or, when it fails (the worker died, no instance, …), `Failed`. Cancellation: `cancel(id)` asks the worker
 serving it to abort; a client that disconnects cancels the caller's task, which leaves its worker call.
 
@@ -17,35 +18,27 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
-from collections.abc import Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from tetri.sampling import GREEDY, Sampling
 
-from .cluster import Cluster, Instance
-from .db.models import Phase, Status
-from .db.writer import BatchWriter, describe, store_unavailable
-from .metrics import Metrics
-from .predictor_service import PROMPT_SAMPLE, PredictorService
-from .run import Failed, Finished, Inflight, Output, Run
+from ..cluster import Cluster
+from ..db.models import Phase, Status
+from ..db.writer import BatchWriter, describe, store_unavailable
+from ..inflight import Inflight
+from ..metrics import Metrics
+from ..predictor_service import PROMPT_SAMPLE, PredictorService
+from ..worker_client import WorkerCallError, WorkerClient
+from .route import Router
+from .run import Failed, Finished, Output, Run, RunHost
 from .textstream import TextStream
-from .worker_client import WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
 
 
 RESERVATION_S = 30.0  # a reserved id whose stream never started (client gone) is free again after this
-
-
-class NoInstance(RuntimeError):
-    pass
-
-
-def new_request_id(prefix: str = "cmpl-") -> str:
-    return prefix + os.urandom(12).hex()  # 24 random hex digits (uuid4's formatting costs 5× as much)
 
 
 class Gateway:
@@ -65,9 +58,6 @@ class Gateway:
     ) -> None:
         self.front = front  # the front's incarnation id every row it inserts carries (None: a daemon)
         self.predictor = predictor
-        self.max_migrations = max_migrations
-        self.migration_wait_s = migration_wait_s
-        self.entry_wait_s = entry_wait_s
         self.store_prompt_samples = store_prompt_samples
         self.draining = False
         self.cluster = cluster
@@ -75,36 +65,11 @@ class Gateway:
         self.metrics = metrics
         self.clock = cluster.clock
         self.workers = workers or WorkerClient()
+        self.router = Router(cluster, metrics, entry_wait_s, migration_wait_s)
+        self.host = RunHost(self.clock, self.router, self.workers, metrics, max_migrations)
         self.inflight: dict[str, Inflight] = {}
         # client-chosen ids admitted but not yet in flight (monotonic time of the reservation)
         self.reserved: dict[str, float] = {}
-
-    # --- routing -----------------------------------------------------------------------------------
-    def vocab_size(self, model: str) -> int | None:
-        """The smallest vocabulary among the model's registered instances (None: none says)."""
-        entry = self.cluster.catalog().get(model)
-        return None if entry is None else entry.vocab_size
-
-    def max_model_len(self, model: str | None = None) -> int | None:
-        """The model's context (the smallest its instances announce); without a model, any model's."""
-        catalog = self.cluster.catalog()
-        lens = [e.known_context for m, e in catalog.items() if e.known_context and (model is None or m == model)]
-        return min(lens) if lens else None
-
-    def pick_entry(
-        self,
-        model: str,
-        exclude: frozenset[str] = frozenset(),
-        prompt: Sequence[int] = (),
-        predicted: tuple[int, int] | None = None,
-        split: bool = False,
-    ) -> Instance:
-        started = time.perf_counter()
-        inst = self.cluster.entry(model, exclude, prompt, predicted, split)
-        if inst is None:
-            raise NoInstance("no healthy instance can serve the request (need prefill + decode, or colocated)")
-        self.metrics.route.observe(time.perf_counter() - started)
-        return inst
 
     # --- recording ---------------------------------------------------------------------------------
     def record_rejected(
@@ -129,10 +94,6 @@ class Gateway:
             front=self.front,
         )
         self.metrics.requests.labels(status=Status.REJECTED).inc()
-
-    def set_phase(self, fl: Inflight, phase: Phase) -> None:
-        fl.phase = phase
-        fl.timeline.append((phase.value, self.clock.now()))
 
     # --- the request ---------------------------------------------------------------------------------
     async def serve(
@@ -177,7 +138,7 @@ class Gateway:
         )
         end: Finished | Failed | None = None
         try:
-            end = await Run(self, fl, out, text).drive(prompt_ids, pin)
+            end = await Run(self.host, fl, out, text).drive(prompt_ids, pin)
         except asyncio.CancelledError:
             if fl.interrupted:
                 end = Failed(fl.interrupted, Status.INTERRUPTED)
@@ -195,7 +156,7 @@ class Gateway:
         self.inflight.pop(fl.id, None)
         now = self.clock.now()
         jct_ms = (now - fl.arrival) * 1000
-        self.release(fl)
+        self.router.release(fl)
         fl.timeline.append(("done", now))
         if isinstance(end, Finished):
             status = Status.CANCELLED if end.reason == "cancelled" else Status.FINISHED
@@ -231,49 +192,6 @@ class Gateway:
             error=error,
         )
 
-    def release(self, fl: Inflight) -> None:
-        if fl.counted is not None:  # that entry, even if re-registered since
-            self.cluster.routed(fl.counted, -1)
-        fl.counted = None
-        fl.serving = None
-
-    def serve_on(self, fl: Inflight, inst: Instance) -> None:
-        self.release(fl)
-        fl.serving = (inst.id, inst.address)
-        fl.counted = inst
-        self.cluster.routed(inst, +1)
-
-    def registered(self, model: str) -> bool:
-        """Whether instances of the model that could serve a request together are registered, whatever
-        their state now (colocated, or prefill and decode)."""
-        entry = self.cluster.catalog().get(model)
-        roles = frozenset() if entry is None else entry.roles
-        return "colocated" in roles or {"prefill", "decode"} <= roles
-
-    async def entry(
-        self,
-        fl: Inflight,
-        exclude: frozenset[str],
-        prompt: Sequence[int] = (),
-        predicted: tuple[int, int] | None = None,
-        split: bool = False,
-    ) -> Instance | str:
-        """The entry instance for this attempt, or why there is none. A migrating request waits up to
-        `migration_wait_s` for one (a worker restarting); a new request up to `entry_wait_s` while its
-        model's instances are registered but none can take it now (a load report late on a busy host, a
-        flip, a drain), and not at all when they are not. The `prompt` (what the prefix caches hold of it)
-        and `predicted` (what is left of the predicted range) choose the instance and colocated or split
-        where the model has both (`Cluster.entry`); `split` (a decode instance pinned) only split."""
-        start = time.monotonic()
-        while True:
-            try:
-                return self.pick_entry(fl.model, exclude, prompt, predicted, split)
-            except NoInstance as e:
-                wait = self.migration_wait_s if fl.migrations else self.entry_wait_s * self.registered(fl.model)
-                if time.monotonic() - start >= wait or fl.cancelled or fl.interrupted:
-                    return str(e)
-            await asyncio.sleep(0.05)
-
     async def cancel(self, rid: str) -> bool:
         """Abort an in-flight request on the instance serving it. False if it is not in flight."""
         fl = self.inflight.get(rid)
@@ -291,19 +209,6 @@ class Gateway:
             fl.cancelled = True
         await asyncio.gather(*(self._stop(fl, timeout=5) for fl in flights))
         return sorted(fl.id for fl in flights)
-
-    async def cancel_on_workers(self, rid: str) -> bool:
-        """Abort a request another front serves: every registered instance is asked to (the front serving
-        it sees its stream end as cancelled). Whether one had it."""
-
-        async def one(address: str) -> bool:
-            try:
-                return await self.workers.cancel(address, rid, timeout=5)
-            except WorkerCallError:
-                return False
-
-        found = await asyncio.gather(*(one(i.address) for i in list(self.cluster.instances.values())))
-        return any(found)
 
     async def _stop(self, fl: Inflight, timeout: float) -> None:
         """Tell the instance serving a request to stop it (its stream then ends as cancelled)."""

@@ -1,11 +1,12 @@
 """The gRPC edge, front side: a front's subscription to its controller's view (`ControlPlane.Watch`,
-daemon.fronts). It follows every view, and keeps serving on the last one while the controller is away,
+daemon.controller.fronts). It follows every view, and keeps serving on the last one while the controller is away,
 reconnecting."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -14,10 +15,17 @@ from tetri.proto import pb, rpc
 from tetri.proto.peers import auth_metadata
 from tetri.proto.security import NO_TLS, Tls, open_channel
 
-from .cluster import ClusterView
-from .grpc_edge import view_from_pb
+from ..cluster import ClusterView
+from ..wire import view_from_pb
 
 log = logging.getLogger(__name__)
+
+
+def front_incarnation(name: str) -> str:
+    """The id a front's rows carry: its name, this process and a random part (a restarted front is a new
+    incarnation, so ending the old one's rows never touches the new one's, even where pids repeat, as
+    in containers). At most 64 characters (`requests.front`)."""
+    return f"{name[:40]}.{os.getpid()}.{os.urandom(3).hex()}"
 
 
 class ControllerUnreachable(RuntimeError):

@@ -1,7 +1,7 @@
 """OpenAI-compatible endpoints: POST /v1/completions and /v1/chat/completions (streaming or not), and
 GET /v1/models (every model a registered worker serves). The `model` field routes a request to that
 model's instances; prompts are tokenized, and outputs detokenized, with that model's tokenizer
-(`daemon.served`, `daemon.textstream`)."""
+(`daemon.served`, `daemon.front.textstream`)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,8 @@ from starlette.types import Send
 
 from tetri.sampling import Sampling
 
-from ..db.models import Status
-from ..gateway import Failed, Finished, Gateway, new_request_id
-from ..served import ServedModels
-from ..textstream import TextStream
-from ..tokenizer import Tokenizer, TokenizerError, render
-from .auth import require_api_key
-from .schemas import (
+from ..api.auth import require_api_key
+from ..api.schemas import (
     INT32_MAX,
     UNSUPPORTED,
     ChatCompletionRequest,
@@ -39,29 +34,21 @@ from .schemas import (
     completion_chunk,
     error_body,
     errors,
+    openai_error,
+    store_refused,
     usage,
 )
-from .sse import EventStream, send_now
+from ..api.sse import EventStream, send_now
+from ..db.models import Status
+from ..inflight import new_request_id
+from ..served import ServedModels
+from ..tokenizer import Tokenizer, TokenizerError, render
+from .gateway import Failed, Finished, Gateway
+from .textstream import TextStream
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 CODES = errors(400, 401, 404, 409, 413, 429, 502, 503)
 RETRY_AFTER_S = "1"  # a request its instance rejected (429): when to try again, in seconds
-STORE_RETRY_AFTER_S = "5"  # the status table unavailable (503)
-
-
-def openai_error(
-    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
-) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, param, code), status_code=status)
-
-
-def store_refused(message: str) -> JSONResponse:
-    """503 for the status table: unavailable to a read, or past `store_buffer_rows` rows held for it."""
-    return JSONResponse(
-        error_body(message, "ServiceUnavailableError", None, "store_unavailable"),
-        status_code=503,
-        headers={"Retry-After": STORE_RETRY_AFTER_S},
-    )
 
 
 def _gateway(request: Request) -> Gateway:
@@ -220,14 +207,14 @@ async def _admit(
         return reject(400, str(e), "BadRequestError", e.param)
     if not ids:
         return reject(400, "prompt must not be empty", "BadRequestError", "prompt")
-    limit = min(gw.vocab_size(body.model) or INT32_MAX + 1, INT32_MAX + 1)
+    limit = min(gw.cluster.vocab_size(body.model) or INT32_MAX + 1, INT32_MAX + 1)
     bad = None if min(ids) >= 0 and max(ids) < limit else next(t for t in ids if not 0 <= t < limit)
     if bad is not None:
         message = f"prompt token id {bad} is outside the model's vocabulary (0 … {limit - 1})"
         return reject(400, message, "BadRequestError", "prompt")
     if body.stop and tok is None:
         return reject(400, "stop strings need the model's tokenizer (none on this daemon)", "BadRequestError", "stop")
-    max_len = served[body.model] or gw.max_model_len(body.model)
+    max_len = served[body.model] or gw.cluster.max_model_len(body.model)
     if max_len is None:
         return reject(503, "no instance is registered yet", "ServiceUnavailableError", None)
     if len(ids) >= max_len:

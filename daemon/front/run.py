@@ -9,8 +9,8 @@ Two paths, so a token costs no task switch and no generator of its own:
   takes in order (`_next`), in `drive`: the sequence of calls, refusals and migrations, written once as
   straight-line code.
 
-It must not read the wall clock for a timestamp (the cluster clock: `gw.clock`), nor know HTTP or gRPC.
-What it needs of the gateway is `RunHost` (the gateway is one); it imports no gateway.
+It must not read the wall clock for a timestamp (the cluster clock: `host.clock`), nor know HTTP or gRPC.
+What it needs of the front is `RunHost`, passed in: it calls nothing back.
 """
 
 from __future__ import annotations
@@ -18,52 +18,33 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from tetri.clock import Clock
-from tetri.sampling import GREEDY, Sampling
 
-from .cluster import Cluster, Instance
-from .db.models import Phase, Status
-from .metrics import Metrics
+from ..db.models import Phase, Status
+from ..inflight import Inflight
+from ..metrics import Metrics
+from ..worker_client import Call, Handoff, TokenChunk, WorkerCallError, WorkerClient
+from .route import Router
 from .textstream import TextStream
-from .worker_client import Call, Handoff, TokenChunk, WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
 ENTRY_ATTEMPTS = 3  # entry instances tried when they refuse before starting anything
 
 
-class RunHost(Protocol):
-    """What a `Run` needs of the process serving it (`Gateway`): the cluster clock, the registry, the worker
-    client and the metrics; the request's entry instance and phase changes (the gateway's bookkeeping)."""
+@dataclass(frozen=True)
+class RunHost:
+    """What a `Run` needs of the front serving it, passed in (the gateway makes one): the cluster clock, the
+    router (entry instances and the count of what runs where), the worker client, the metrics and the
+    migration limit. A run calls nothing else of the front."""
 
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def cluster(self) -> Cluster: ...
-    @property
-    def workers(self) -> WorkerClient: ...
-    @property
-    def metrics(self) -> Metrics: ...
-    @property
-    def max_migrations(self) -> int: ...
-
-    def set_phase(self, fl: Inflight, phase: Phase) -> None: ...
-
-    async def entry(
-        self,
-        fl: Inflight,
-        exclude: frozenset[str],
-        prompt: Sequence[int] = (),
-        predicted: tuple[int, int] | None = None,
-        split: bool = False,
-    ) -> Instance | str: ...
-
-    def serve_on(self, fl: Inflight, inst: Instance) -> None: ...
-
-    def release(self, fl: Inflight) -> None: ...
+    clock: Clock
+    router: Router
+    workers: WorkerClient
+    metrics: Metrics
+    max_migrations: int
 
 
 @dataclass
@@ -77,42 +58,6 @@ class Finished:
 class Failed:
     message: str
     status: Status = Status.FAILED
-
-
-@dataclass
-class Inflight:
-    """What the daemon knows of a request in flight. Its row is written twice: inserted as it starts, updated
-    with all of this as it ends (`Gateway._finish`); meanwhile reads of it come from here."""
-
-    id: str
-    model: str
-    prompt_tokens: int
-    max_tokens: int
-    arrival: float
-    phase: Phase = Phase.QUEUED
-    prefill_instance: str | None = None
-    decode_instance: str | None = None
-    prefill_start_ts: float | None = None
-    first_token_ts: float | None = None
-    decode_start_ts: float | None = None
-    kv_loaded_tokens: int | None = None  # prompt tokens the decode instance took with the hand-over
-    cached_tokens: int | None = None  # prompt tokens its prefill found in the entry instance's prefix cache
-    produced: int = 0
-    cancelled: bool = False
-    predicted: tuple[int, int] | None = None
-    serving: tuple[str, str] | None = None  # (instance id, address) currently producing tokens
-    counted: Instance | None = None  # the registry entry whose `inflight` counts this request
-    timeline: list[tuple[str, float]] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)  # tokens streamed so far (a migration re-prefills them)
-    migrations: int = 0
-    migrated_from: list[str] = field(default_factory=list)
-    interrupted: str | None = None  # why the daemon ended it (shutdown): the row says `interrupted`
-    prompt_head: list[int] | None = None  # the predictor's features, kept in memory
-    sampling: Sampling = GREEDY
-
-    @property
-    def ttft_ms(self) -> float | None:
-        return None if self.first_token_ts is None else (self.first_token_ts - self.arrival) * 1000
 
 
 class Output(Protocol):
@@ -141,8 +86,8 @@ class _Refused:
 class Run:
     """A request's calls to workers and what they answer; `drive()` runs in the request's own task."""
 
-    def __init__(self, gw: RunHost, fl: Inflight, out: Output, text: TextStream | None) -> None:
-        self.gw = gw
+    def __init__(self, host: RunHost, fl: Inflight, out: Output, text: TextStream | None) -> None:
+        self.host = host
         self.fl = fl
         self.out = out
         self.text = text
@@ -170,21 +115,21 @@ class Run:
             self._notify()
 
     def _tokens(self, ids: list[int]) -> None:
-        fl, gw = self.fl, self.gw
-        now = gw.clock.now()
+        fl, host = self.fl, self.host
+        now = host.clock.now()
         n = len(ids)
         if fl.produced == 0:
             fl.first_token_ts = now
-            gw.metrics.ttft.observe(now - fl.arrival)
+            host.metrics.ttft.observe(now - fl.arrival)
         else:
-            gw.metrics.itl.observe((now - self.last) / n)
+            host.metrics.itl.observe((now - self.last) / n)
             if fl.phase is Phase.TRANSFER:
                 fl.decode_start_ts = now
-                gw.set_phase(fl, Phase.DECODE)
+                fl.enter(Phase.DECODE, now)
         fl.produced += n
         self.got += n
         fl.output += ids
-        gw.metrics.tokens.inc(n)
+        host.metrics.tokens.inc(n)
         self.last = now
         text = self.text
         if text is None:
@@ -243,7 +188,7 @@ class Run:
         token it starts again on another entry instance; later, the prompt plus the tokens already streamed
         is prefilled again and the stream continues where it stopped (nothing repeated, nothing skipped).
         Cancelled (the client left, the daemon shutting down), it leaves its open call."""
-        fl, gw = self.fl, self.gw
+        fl, host = self.fl, self.host
         try:
             while True:
                 got = await self._attempt(prompt + fl.output, pin)
@@ -253,15 +198,15 @@ class Run:
                     return Failed(fl.interrupted, Status.INTERRUPTED)
                 if fl.cancelled:
                     return Finished("cancelled", fl.produced)
-                gw.cluster.suspect(got.instance_id)
+                host.router.suspect(got.instance_id)
                 if fl.produced >= fl.max_tokens:  # the last token arrived, its end did not
                     return Finished("length", fl.produced)
-                if fl.migrations >= gw.max_migrations:
-                    return Failed(f"{got.message} (not migrated: {fl.migrations} of {gw.max_migrations} tries used)")
+                if fl.migrations >= host.max_migrations:
+                    return Failed(f"{got.message} (not migrated: {fl.migrations} of {host.max_migrations} tries used)")
                 fl.migrations += 1
                 fl.migrated_from.append(got.instance_id)
                 pin = None if pin == got.instance_id else pin
-                gw.metrics.migrations.inc()
+                host.metrics.migrations.inc()
                 log.warning(
                     "request %s: %s; migrating after %d tokens (try %d)",
                     fl.id,
@@ -281,7 +226,7 @@ class Run:
     async def _attempt(self, prompt: list[int], pin: str | None) -> Finished | Failed | _Lost:
         """One try on one entry instance (and the decode instance it hands over to). `prompt` ends with
         the output tokens already streamed when the request is migrating."""
-        fl, gw = self.fl, self.gw
+        fl, host = self.fl, self.host
         resumed = len(fl.output)
         predicted = fl.predicted
         if predicted is not None and resumed:
@@ -291,18 +236,19 @@ class Run:
         while True:
             # a lost instance is out of routing (unhealthy) until it reports again: a worker restarted under
             # the same id is a candidate again
-            entry = await gw.entry(fl, frozenset(refused), prompt, predicted, split=bool(pin))
+            entry = await host.router.entry(fl, frozenset(refused), prompt, predicted, split=bool(pin))
             if fl.interrupted:
                 return Failed(fl.interrupted, Status.INTERRUPTED)
             if isinstance(entry, str):
                 return Failed(f"{entry}; refused by {', '.join(refused)}" if refused else entry)
-            gw.serve_on(fl, entry)
+            host.router.serve_on(fl, entry)
             fl.prefill_instance = entry.id
+            now = host.clock.now()
             if not fl.migrations:
-                fl.prefill_start_ts = gw.clock.now()
-            gw.set_phase(fl, Phase.PREFILL)
+                fl.prefill_start_ts = now
+            fl.enter(Phase.PREFILL, now)
             self.got = 0
-            self.call = gw.workers.generate(
+            self.call = host.workers.generate(
                 entry.address,
                 fl.id,
                 prompt,
@@ -324,16 +270,16 @@ class Run:
                 return Failed(f"instance {entry.id}: {ev.reason}")
             return ev
         handoff = ev
-        decode = gw.cluster.instances.get(handoff.decode_instance_id)
+        decode = host.router.cluster.instances.get(handoff.decode_instance_id)
         fl.decode_instance = handoff.decode_instance_id
-        gw.set_phase(fl, Phase.TRANSFER)
+        fl.enter(Phase.TRANSFER, host.clock.now())
         if decode is not None:
-            gw.serve_on(fl, decode)
+            host.router.serve_on(fl, decode)
         else:
-            gw.release(fl)
+            host.router.release(fl)
             fl.serving = (handoff.decode_instance_id, handoff.decode_address)
         self.got = 0
-        self.call = gw.workers.attach(handoff.decode_address, fl.id, receiver=self)
+        self.call = host.workers.attach(handoff.decode_address, fl.id, receiver=self)
         ev = await self._follow(handoff.decode_instance_id)
         if isinstance(ev, Handoff):
             return Failed("decode instance tried to hand over again")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .tokenizer import Decoder
+from ..tokenizer import Decoder
 
 
 @dataclass(slots=True)  # one per chunk of tokens: not frozen (a frozen dataclass's __init__ costs 4×)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.cluster import Cluster, LoadReport, Registration
+from daemon.cluster import LoadReport, Registration
+from daemon.controller.registry import Registry
 from tetri.clock import ClusterClock
 from tetri.scheduling.policyset import PolicySet
 
@@ -21,15 +22,15 @@ class SteppedClock(ClusterClock):
         return self.t
 
 
-def cluster_of(*roles: str) -> tuple[Cluster, SteppedClock]:
+def cluster_of(*roles: str) -> tuple[Registry, SteppedClock]:
     clock = SteppedClock()
-    c = Cluster(report_interval_s=0.1, unhealthy_after=3, clock=clock)
+    c = Registry(report_interval_s=0.1, unhealthy_after=3, clock=clock)
     for k, role in enumerate(roles):
         c.register(Registration(f"w{k}", role, f"h:{k}", "m", 1024, 1000))
     return c, clock
 
 
-def report(c: Cluster, iid: str, role: str, kv: int, ts: float) -> None:
+def report(c: Registry, iid: str, role: str, kv: int, ts: float) -> None:
     assert c.report(LoadReport(iid, role, "active", kv_used_tokens=kv, kv_capacity_tokens=1000, timestamp=ts))
 
 

@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from daemon.cluster import Cluster, LoadReport, Registration
-from daemon.grpc_edge import view_from_pb, view_to_pb
+from daemon.controller.registry import Registry
+from daemon.wire import view_from_pb, view_to_pb
 
 from .harness import LiveCluster, all_rows, start_cluster, wait_for
 from .test_broadcast import SteppedClock
@@ -197,7 +198,7 @@ def test_drain_gives_up_after_its_timeout_and_leaves_the_instance_cordoned(clust
 # --- the registry's own objects: what a front follows, when drained says so -------------------------------
 def registry(*roles: str) -> tuple[Cluster, SteppedClock]:
     clock = SteppedClock()
-    c = Cluster(report_interval_s=0.1, unhealthy_after=3, clock=clock, dead_after_s=10.0)
+    c = Registry(report_interval_s=0.1, unhealthy_after=3, clock=clock, dead_after_s=10.0)
     for k, role in enumerate(roles):
         c.register(Registration(f"w{k}", role, f"h:{k}", "m", 1024, 1000))
     return c, clock

@@ -8,9 +8,11 @@ import asyncio
 from pathlib import Path
 
 from daemon.cluster import Cluster, LoadReport, Registration
+from daemon.controller.fronts import FrontWatch
+from daemon.controller.registry import Registry
 from daemon.db.store import Store
-from daemon.fronts import FrontWatch
-from daemon.grpc_edge import view_from_pb, view_to_pb
+from daemon.front.route import Router
+from daemon.wire import view_from_pb, view_to_pb
 from tetri.clock import ClusterClock
 from tetri.scheduling.policyset import PolicySet
 
@@ -19,7 +21,7 @@ from .test_broadcast import SteppedClock
 
 def controller(*roles: str) -> tuple[Cluster, SteppedClock]:
     clock = SteppedClock()
-    c = Cluster(report_interval_s=0.1, unhealthy_after=3, clock=clock, dead_after_s=10.0)
+    c = Registry(report_interval_s=0.1, unhealthy_after=3, clock=clock, dead_after_s=10.0)
     for k, role in enumerate(roles):
         c.register(Registration(f"w{k}", role, f"h:{k}", "m", 1024, 1000, 50, "builtin:bytes"))
     return c, clock
@@ -39,13 +41,13 @@ def test_a_front_follows_registry_states_load_and_policies() -> None:
     assert sorted(i.id for i in new) == ["w0", "w1"]
     assert front.instances["w1"].load.kv_used_tokens == 400 and front.instances["w0"].tokenizer == "builtin:bytes"
     assert front.policies.decode_admission == "reserve-static" and front.policy_version == ctl.policy_version
-    assert front.entry("m") is front.instances["w0"]
+    assert Router(front).pick("m") is front.instances["w0"]
     # the front's own routing counts stay across views; a flip on the controller takes w1 out of routing
     front.routed(front.instances["w1"], +1)
     ctl.begin_flip(ctl.instances["w1"])
     assert front.follow(through_the_wire(ctl)) == []
     assert front.instances["w1"].state == "draining" and front.instances["w1"].inflight == 1
-    assert front.entry("m") is None  # no decode instance to hand over to
+    assert Router(front).pick("m") is None  # no decode instance to hand over to
     # a worker this front found failing stays out of its routing until the controller shows a newer report
     front.suspect("w0")
     front.follow(through_the_wire(ctl))
@@ -70,7 +72,7 @@ def test_a_controller_just_started_adds_but_removes_nothing() -> None:
     view = through_the_wire(new)
     assert not view.settled
     front.follow(view)
-    assert sorted(front.instances) == ["w0", "w1"] and front.entry("m") is not None
+    assert sorted(front.instances) == ["w0", "w1"] and Router(front).pick("m") is not None
     clock.t += 10
     assert through_the_wire(new).settled
     front.follow(through_the_wire(new))
@@ -131,11 +133,11 @@ def test_a_restarted_controller_resumes_the_policies_in_force(tmp_path: Path) ->
     """The audit trail ends in the cluster's state: a controller restarted after a crash
     (`resume_policies`) takes the policies in force; a plain start takes the configured ones and audits
     each field it changes back."""
-    from daemon.app import _start_policies
+    from daemon.controller.room import _start_policies
     from tetri.config import DaemonSettings
 
-    def started(settings: DaemonSettings) -> Cluster:
-        c = Cluster(report_interval_s=0.1, unhealthy_after=3, clock=SteppedClock())
+    def started(settings: DaemonSettings) -> Registry:
+        c = Registry(report_interval_s=0.1, unhealthy_after=3, clock=SteppedClock())
         asyncio.run(_start_policies(settings, c, store))
         return c
 

@@ -1,5 +1,5 @@
 """The gRPC services in one process: real grpc.aio servers on 127.0.0.1, real SimEngines (`tiny` profile
-on a ScaledClock), real channels. Covers daemon/grpc_edge.py's ControlPlaneService, daemon/cluster.py's
+on a ScaledClock), real channels. Covers daemon/controller/edge.py's ControlPlaneService, daemon/cluster.py's
 Cluster, daemon/worker_client.py's WorkerClient and workers/service.py's WorkerService (prefill → decode
 hand-over, colocated, cancel, errors)."""
 
@@ -17,11 +17,13 @@ from typing import Any
 import grpc
 import pytest
 
-from daemon.cluster import Cluster, Instance, LoadReport
+from daemon.cluster import Instance, LoadReport
+from daemon.controller.edge import ControlPlaneService
+from daemon.controller.registry import Registry
 from daemon.db.store import Store
 from daemon.db.writer import BatchWriter
-from daemon.gateway import Failed, Finished, Gateway
-from daemon.grpc_edge import ControlPlaneService
+from daemon.front.gateway import Failed, Finished, Gateway
+from daemon.front.route import Router
 from daemon.metrics import Metrics
 from daemon.worker_client import Call, Handoff, TokenChunk, WorkerCallError, WorkerClient
 from tetri.clock import ScaledClock
@@ -89,8 +91,8 @@ async def _worker(role: str, instance_id: str, scale: float = SCALE, token: str 
 @asynccontextmanager
 async def _control_plane(
     token: str | None = None, report_interval_s: float = 0.05, unhealthy_after: int = 3
-) -> AsyncIterator[tuple[Cluster, list[Instance], rpc.ControlPlaneStub, str]]:
-    cluster = Cluster(report_interval_s=report_interval_s, unhealthy_after=unhealthy_after)
+) -> AsyncIterator[tuple[Registry, list[Instance], rpc.ControlPlaneStub, str]]:
+    cluster = Registry(report_interval_s=report_interval_s, unhealthy_after=unhealthy_after)
     registered: list[Instance] = []
     service = ControlPlaneService(cluster, registered.append)
     async with (
@@ -1117,7 +1119,7 @@ def test_every_worker_rpc_needs_the_cluster_token() -> None:
 
 
 class _Collected:
-    """A request's output (daemon.run.Output), gathered; `fail_at`: the call to `tokens` that raises."""
+    """A request's output (daemon.front.run.Output), gathered; `fail_at`: the call to `tokens` that raises."""
 
     def __init__(self, fail_at: int | None = None) -> None:
         self.ids: list[int] = []
@@ -1149,7 +1151,7 @@ def test_a_fault_in_one_requests_output_ends_that_request_alone(tmp_path: Path) 
             gw = Gateway(cluster, writer, Metrics(lambda: ([], {})), workers=WorkerClient(TOKEN))
             try:
                 await asyncio.wait_for(link.registered.wait(), 5)
-                while cluster.entry(c1.engine.model_name, frozenset()) is None:
+                while Router(cluster).pick(c1.engine.model_name) is None:
                     await asyncio.sleep(0.01)
                 outs = {f"ok{i}": _Collected() for i in range(3)} | {"bad": _Collected(fail_at=3)}
                 prompts = {rid: _prompt(12, seed=i) for i, rid in enumerate(outs)}

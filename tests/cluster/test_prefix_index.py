@@ -13,7 +13,10 @@ from typing import Any
 import grpc
 
 from daemon.cluster import Cluster
-from daemon.grpc_edge import ControlPlaneService, view_from_pb
+from daemon.controller.edge import ControlPlaneService
+from daemon.controller.registry import Registry
+from daemon.front.route import Router
+from daemon.wire import view_from_pb
 from daemon.worker_client import WorkerClient
 from tetri.proto import pb, rpc
 from tetri.proto.security import make_server
@@ -60,7 +63,7 @@ def test_workers_report_their_caches_and_cache_aware_routing_follows_them() -> N
                 assert set(block_keys(first, B)) <= set(cluster.cache.keys("a"))
                 assert cluster.cache.blocks("b") == 0
                 turn2 = first + [5] * 40  # the same conversation, a turn on
-                assert cluster.entry(MODEL, prompt=turn2).id == "a"
+                assert Router(cluster).pick(MODEL, prompt=turn2).id == "a"
                 chunks = [c async for c in _generate_on(client, a.address, "t2", turn2, 4)]
                 assert chunks[-1].cached_tokens == (len(first) // B) * B
                 await _until(lambda: cluster.instances["a"].load.prefix_hit_tokens > 0)
@@ -71,15 +74,15 @@ def test_workers_report_their_caches_and_cache_aware_routing_follows_them() -> N
                 )
                 # a busier than b: within the saturation guard it keeps the conversation, past it b takes it
                 cluster.routed(cluster.instances["a"], +3)
-                assert cluster.entry(MODEL, prompt=turn2).id == "a"
+                assert Router(cluster).pick(MODEL, prompt=turn2).id == "a"
                 cluster.routed(cluster.instances["a"], +2)  # 5 more than b: past cache_slack 4
-                assert cluster.entry(MODEL, prompt=turn2).id == "b"
+                assert Router(cluster).pick(MODEL, prompt=turn2).id == "b"
                 cluster.routed(cluster.instances["a"], -5)
                 cluster.set_policies(PolicySet(routing="least-load"))
                 cluster.routed(cluster.instances["a"], +1)
-                assert cluster.entry(MODEL, prompt=turn2).id == "b"  # blind to the cache
+                assert Router(cluster).pick(MODEL, prompt=turn2).id == "b"  # blind to the cache
                 cluster.set_policies(PolicySet(routing="round-robin"))
-                assert [cluster.entry(MODEL, prompt=turn2).id for _ in range(4)] == ["a", "b", "a", "b"]
+                assert [Router(cluster).pick(MODEL, prompt=turn2).id for _ in range(4)] == ["a", "b", "a", "b"]
             finally:
                 for link in links:
                     link.stop()
@@ -150,7 +153,7 @@ def test_bad_duplicated_out_of_order_and_flooding_events_leave_the_index_bounded
                 assert cluster.cache.blocks("bad") == 2 * 4096 // B
                 # the daemon still serves, and routes by load: the least-loaded instance holds no prefix
                 cluster.routed(cluster.instances["bad"], +1)
-                assert cluster.entry(MODEL, prompt=prompt).id == "good"
+                assert Router(cluster).pick(MODEL, prompt=prompt).id == "good"
                 chunks = [c async for c in _generate_on(client, good.address, "ok", prompt, 3)]
                 assert chunks[-1].finished and chunks[-1].finish_reason == "length"
                 await stream.done_writing()
@@ -178,7 +181,7 @@ def test_a_restarted_worker_is_relearned_from_its_next_report() -> None:
                 await _until(lambda: cluster.instances["w"].address == again.address)
                 await _until(lambda: cluster.instances["w"].reports > 0)
                 assert cluster.cache.blocks("w") == 0  # it holds nothing: the index says so
-                assert cluster.entry(MODEL, prompt=prompt).id == "w"  # by load (the only one)
+                assert Router(cluster).pick(MODEL, prompt=prompt).id == "w"  # by load (the only one)
                 _ = [c async for c in _generate_on(client, again.address, "r2", prompt, 2)]
                 await _until(lambda: cluster.cache.blocks("w") == len(prompt) // B)
         await client.close()
@@ -214,7 +217,7 @@ def test_a_front_follows_the_controllers_index_and_takes_a_snapshot_when_it_reco
                 _ = [c async for c in _generate_on(client, a.address, "x", prompt, 2)]
                 await _until(lambda: cluster.cache.blocks("a") == len(prompt) // B)
                 await follow(lambda _: front.cache.keys("a") == cluster.cache.keys("a"))  # it reconnects
-                assert front.entry(MODEL, prompt=[*prompt, 1]).id == "a"
+                assert Router(front).pick(MODEL, prompt=[*prompt, 1]).id == "a"
                 assert front.cache.match(prompt, ["a"]) == {"a": len(prompt) // B}
             finally:
                 await client.close()
@@ -232,7 +235,7 @@ def test_a_restarted_controller_relearns_every_workers_cache() -> None:
         prompt = _system(128)
         async with _worker("colocated", "w") as w:
             for attempt in range(2):
-                cluster = Cluster(report_interval_s=0.02, unhealthy_after=3)
+                cluster = Registry(report_interval_s=0.02, unhealthy_after=3)
                 service = ControlPlaneService(cluster, lambda _: None)
                 server, _ = make_server(f"127.0.0.1:{port}", None)
                 rpc.add_ControlPlaneServicer_to_server(service, server)
@@ -244,7 +247,7 @@ def test_a_restarted_controller_relearns_every_workers_cache() -> None:
                     if attempt == 0:
                         _ = [c async for c in _generate_on(client, w.address, "r1", prompt, 2)]
                     await _until(lambda c=cluster: c.cache.blocks("w") == len(prompt) // B)
-                    assert cluster.entry(MODEL, prompt=prompt).id == "w"
+                    assert Router(cluster).pick(MODEL, prompt=prompt).id == "w"
                 finally:
                     link.stop()
                     await server.stop(grace=None)

@@ -1,4 +1,4 @@
-"""The daemon's routing index (`Cluster.entry`, `Cluster.healthy`, `Cluster.catalog`) against the rule it
+"""The daemon's routing index (`Registry.entry`, `Registry.healthy`, `Registry.catalog`) against the rule it
 replaced, a scan of the whole registry per request: through any sequence of registrations, reports
 (loads, states, roles), routed and finished requests, failed calls, flips and removals, both choose the
 same instance, exactly."""
@@ -8,7 +8,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.cluster import Cluster, Instance, LoadReport, Registration
+from daemon.cluster import Instance, LoadReport, Registration
+from daemon.controller.registry import Registry
+from daemon.front.route import Router
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.routing import PD_ROUTES, choose_path, least_loaded
 
@@ -17,7 +19,7 @@ MODELS = ["m1", "m2"]
 ROLES = ["prefill", "decode", "colocated"]
 
 
-def scan(cluster: Cluster, role: str, model: str | None = None) -> list[Instance]:
+def scan(cluster: Registry, role: str, model: str | None = None) -> list[Instance]:
     return [
         i
         for i in cluster.instances.values()
@@ -25,7 +27,7 @@ def scan(cluster: Cluster, role: str, model: str | None = None) -> list[Instance
     ]
 
 
-def scan_entry(cluster: Cluster, model: str, exclude: frozenset[str], prompt_len: int = 0) -> str | None:
+def scan_entry(cluster: Registry, model: str, exclude: frozenset[str], prompt_len: int = 0) -> str | None:
     """The least-loaded colocated and prefill entries by a scan; the policies' route between them."""
     colocated = [i.snapshot() for i in scan(cluster, "colocated", model) if i.id not in exclude]
     prefill = [i.snapshot() for i in scan(cluster, "prefill", model) if i.id not in exclude]
@@ -75,7 +77,7 @@ op = st.one_of(
     st.lists(op, max_size=60),
 )
 def test_the_index_routes_as_the_registry_scan_did(start: list[tuple[str, str]], ops: list[tuple]) -> None:
-    cluster = Cluster(report_interval_s=0.1, unhealthy_after=3)
+    cluster = Registry(report_interval_s=0.1, unhealthy_after=3)
     for iid, (role, model) in zip(IDS, start, strict=False):
         cluster.register(Registration(iid, role, f"h:{iid}", model, 1024, 1000))
     for o in ops:
@@ -91,7 +93,7 @@ def test_the_index_routes_as_the_registry_scan_did(start: list[tuple[str, str]],
             cluster.routed(inst, o[2])
         elif kind == "suspect":
             cluster.suspect(iid)
-        elif kind == "flip" and inst is not None:  # as daemon.flips does: start, then end (done or not)
+        elif kind == "flip" and inst is not None:  # as daemon.controller.flips does: start, then end (done or not)
             if not inst.flip_pending:
                 cluster.begin_flip(inst)
             else:
@@ -101,14 +103,14 @@ def test_the_index_routes_as_the_registry_scan_did(start: list[tuple[str, str]],
             cluster.check_health()
         elif kind == "entry":
             model, exclude, prompt = o[1], o[2], o[3]
-            got = cluster.entry(model, exclude, range(prompt))
+            got = Router(cluster).pick(model, exclude, range(prompt))
             assert (None if got is None else got.id) == scan_entry(cluster, model, exclude, prompt)
         elif kind == "policy":  # a hot swap of the per-request P/D choice
             cluster.set_policies(PolicySet(pd_route=o[1], pd_prompt_tokens=512, pd_backlog_slack=o[2]))
         for model in MODELS:  # after every step, each model's choice, with and without exclusions
             for exclude in (frozenset(), frozenset(IDS[:2])):
                 for prompt in (10, 2000):
-                    got = cluster.entry(model, exclude, range(prompt))  # the index is empty: no cache hits
+                    got = Router(cluster).pick(model, exclude, range(prompt))  # the index is empty: no cache hits
                     assert (None if got is None else got.id) == scan_entry(cluster, model, exclude, prompt)
         for role in ROLES:
             for model in (None, *MODELS):

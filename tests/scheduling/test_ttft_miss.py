@@ -139,7 +139,7 @@ def test_a_prefill_instance_rejects_the_prompts_not_started_past_their_target() 
 
 
 def test_a_migrated_request_is_never_rejected_on_a_prefill_instance_either() -> None:
-    """Its client already has tokens: a rejection then would be a failure (daemon/run.py)."""
+    """Its client already has tokens: a rejection then would be a failure (daemon/front/run.py)."""
     s = InstanceScheduler("prefill", COST, PolicySet(ttft_target_s=0.5, ttft_miss="reject"))
     s.add(SchedRequest("moved", 100, 10, arrival=0.0, output_len=5, resumed=True))
     s.add(SchedRequest("late", 100, 10, arrival=0.0, output_len=5))

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.api.openai import _Frames, _Job, sse_data
 from daemon.api.schemas import chat_chunk, completion_chunk
+from daemon.front.openai import _Frames, _Job, sse_data
 
 
 def _job(rid: str, model: str, with_ids: bool) -> _Job:

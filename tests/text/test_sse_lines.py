@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from daemon.api.openai import sse_data
+from daemon.front.openai import sse_data
 
 TEXTS = ["a\u2028b", "\u2029", "x\x85y", "plain", "é\u2028ü\x85\u2029 end", "\u2027\u202a"]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.textstream import TextStream
+from daemon.front.textstream import TextStream
 from daemon.tokenizer import BUILTIN_BYTES, ByteTokenizer, HfTokenizer, TokenizerError, load_tokenizer, render
 from workers.engines.vllm.tinymodel import EOS, write_tiny_tokenizer
 

@@ -3,8 +3,14 @@ function of load snapshots. The prefill dispatcher's decode choice is `dispatch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # types only: the CLI imports this module, and the index brings numpy
+    from .cacheindex import CacheIndex
+    from .minindex import MinIndex
 
 
 @dataclass(frozen=True)
@@ -134,3 +140,108 @@ def choose_path(
     if slack and backlog(mine) > backlog(other) + slack:
         return "colocated" if want == "split" else "split"
     return want
+
+
+# --- the whole rule: one call ------------------------------------------------------------------------------
+class EntryPolicies(Protocol):
+    """The runtime policies the entry rule reads (`tetri.scheduling.policyset.PolicySet` has them)."""
+
+    @property
+    def routing(self) -> str: ...
+    @property
+    def cache_slack(self) -> int: ...
+    @property
+    def pd_route(self) -> str: ...
+    @property
+    def pd_prompt_tokens(self) -> int: ...
+    @property
+    def pd_output_tokens(self) -> int: ...
+    @property
+    def pd_backlog_slack(self) -> int: ...
+
+
+class RoutingView(Protocol):
+    """What the entry rule reads of a registry (the daemon's `Cluster`): per (role, model) the instances
+    that may take new work, by `load_key`; each one's load; the prefix-cache index; round-robin's turns."""
+
+    cache: CacheIndex
+    turns: Counter[tuple[str, str]]
+
+    def routes(self) -> Mapping[tuple[str, str], MinIndex]: ...
+
+    def load(self, instance_id: str) -> InstanceLoad: ...
+
+
+def choose_entry(
+    view: RoutingView,
+    policies: EntryPolicies,
+    model: str,
+    exclude: frozenset[str] = frozenset(),
+    prompt: Sequence[int] = (),
+    predicted: tuple[int, int] | None = None,
+    split: bool = False,
+) -> str | None:
+    """Where a request for `model` with this `prompt` (token ids) starts (TetriInfer §3.2): an instance of
+    the colocated role, or of the prefill role provided the model has a decode instance to hand over to;
+    none of `exclude`. Among the instances of a role, the `routing` policy chooses (cache-aware, least-load
+    or round-robin). When the model has both paths, `pd_route` chooses between them for this request
+    (`choose_path`: the tokens the colocated entry would compute, the predicted output range and the two
+    entries' loads); `split` (the request names its decode instance): only a prefill instance. The chosen
+    instance's id; None: no instance can take it now. Under round-robin the caller advances the chosen
+    role's turn (`view.turns`)."""
+    routes = view.routes()
+    colocated = None if split else routes.get(("colocated", model))
+    prefill = routes.get(("prefill", model)) if routes.get(("decode", model)) else None
+    both = prefill is not None
+    c = _pick(view, policies, ("colocated", model), colocated, exclude, prompt, both) if colocated else None
+    p = _pick(view, policies, ("prefill", model), prefill, exclude, prompt) if prefill else None
+    if c is None or p is None:
+        pick = c if c is not None else p
+        return None if pick is None else pick[0]
+    path = choose_path(
+        policies.pd_route,
+        len(prompt) - c[1],  # what the colocated entry would compute
+        predicted,
+        view.load(c[0]),
+        view.load(p[0]),
+        policies.pd_prompt_tokens,
+        policies.pd_output_tokens,
+        policies.pd_backlog_slack,
+    )
+    return c[0] if path == "colocated" else p[0]
+
+
+def _pick(
+    view: RoutingView,
+    pol: EntryPolicies,
+    key: tuple[str, str],
+    idx: MinIndex,
+    exclude: frozenset[str],
+    prompt: Sequence[int],
+    both: bool = False,
+) -> tuple[str, int] | None:
+    """One role's instance (`key`: the role and model of `idx`) for a request under the `routing` policy,
+    and the prompt tokens its prefix cache holds (looked up when cache-aware, or for the P/D choice when the
+    model has `both` paths); None when none can take it."""
+    least = idx.best(exclude)
+    if least is None:
+        return None
+    candidates = [iid for iid in idx if iid not in exclude] if exclude else list(idx)
+    chosen = least
+    held: dict[str, int] = {}
+    if pol.routing == "cache-aware" and prompt:
+        held = _held(view.cache, prompt, candidates)
+        if held:
+            with_hits = [(view.load(iid), n) for iid, n in held.items()]
+            chosen = cache_aware(view.load(least), with_hits, pol.cache_slack).instance_id
+    elif pol.routing == "round-robin":
+        chosen = round_robin(candidates, view.turns[key]) or least
+    if pol.routing != "cache-aware" and prompt and both and pol.pd_route == "length":
+        held = _held(view.cache, prompt, [chosen])  # what it holds still counts for the P/D choice
+    return chosen, held.get(chosen, 0)
+
+
+def _held(cache: CacheIndex, prompt: Sequence[int], candidates: Sequence[str]) -> dict[str, int]:
+    """Prompt tokens each candidate's prefix cache holds (those holding some), from the index."""
+    blocks = cache.match(prompt, candidates)
+    return {iid: n * cache.block_size(iid) for iid, n in blocks.items()}
