@@ -1,7 +1,8 @@
 """Run by test_priority.py in a child process (vLLM's engines leave warnings the suite treats as errors): a
 colocated vLLM engine under vLLM's priority scheduling policy, one sequence at a time. A long request holds
 the sequence; then one predicted long and one predicted short arrive, in that order. Prints one JSON line:
-per `queue_order` (fcfs, then srpt, hot-swapped on the same engine), the order of their first tokens.
+per `queue_order` (fcfs, then srpt, hot-swapped on the same engine), the order of their first tokens; and
+the KV-event IPC socket files this process left behind once the engine stopped (none).
 
     python tests/vllm/priority_scenario.py MODEL_DIR
 """
@@ -9,8 +10,11 @@ per `queue_order` (fcfs, then srpt, hot-swapped on the same engine), the order o
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
+import os
 import sys
+import tempfile
 
 from tetri.sampling import Sampling
 from tetri.scheduling.policyset import PolicySet
@@ -46,15 +50,17 @@ async def first_tokens(engine: VllmEngine, order: str) -> list[str]:
 
 
 async def scenario(model: str) -> dict[str, list[str]]:
+    """The first-token orders; `left`: this process's KV-event socket files left once the engine stopped."""
     opts = VllmOptions(
         model=model, max_model_len=1024, block_size=32, dtype="float32", max_num_seqs=1, scheduling_policy="priority"
     )
     engine = VllmEngine(opts, "colocated", "co-priority")
     await engine.start()
     try:
-        return {order: await first_tokens(engine, order) for order in ("fcfs", "srpt")}
+        got = {order: await first_tokens(engine, order) for order in ("fcfs", "srpt")}
     finally:
         await engine.stop()
+    return got | {"left": sorted(glob.glob(os.path.join(tempfile.gettempdir(), f"tetri-kv-{os.getpid()}-*")))}
 
 
 if __name__ == "__main__":

@@ -30,4 +30,4 @@ def test_srpt_reorders_vllms_waiting_requests_by_predicted_work(tmp_path: Path) 
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got == {"fcfs": ["hold", "long", "short"], "srpt": ["hold", "short", "long"]}
+    assert got == {"fcfs": ["hold", "long", "short"], "srpt": ["hold", "short", "long"], "left": []}

@@ -293,6 +293,7 @@ class VllmEngine(Engine):
                 d.admitted.set()
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
+        self._events_at.remove()  # the engine's IPC sockets (it bound them, and leaves them behind)
 
     def set_role(self, role: str) -> bool:
         """Flip in place when the connector plays both roles; False when the engine must be rebuilt."""

@@ -36,6 +36,12 @@ class Endpoints:
     publish: str  # where the engine publishes (it binds)
     replay: str  # where it answers replay requests
 
+    def remove(self) -> None:
+        """Remove the sockets' files (ZeroMQ leaves an IPC endpoint's file behind when its socket closes)."""
+        for url in (self.publish, self.replay):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(url.removeprefix("ipc://"))
+
 
 def endpoints(tag: str) -> Endpoints:
     """IPC endpoints of this process's own (short paths: a UNIX socket's is at most ~107 bytes)."""
