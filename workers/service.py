@@ -1,9 +1,12 @@
 """The Worker gRPC service over an `Engine`: prefill with KV hand-over, decode, colocated.
 
 A thin shell: the engine computes, `tetri.scheduling.routing` chooses the decode instance, this module
-moves messages. Tokens are coalesced: a call's tokens produced since its previous answer go together, and
-every call's go out in one `ServeDown` per engine step, packed (`Tokens`: a plain list of ids; only a
-call's end is a `TokenChunk`).
+moves messages. A token takes one queue from the engine to the wire: the task reading a request's engine
+iterator (a colocated Generate call's own task; a decode job's, from its Accept) appends it to its call's
+entry on the `out` queue of the Serve stream the call is on (`_Feed`: an entry per call and engine step),
+and the stream's writer sends what it finds there as one `ServeDown` per engine step. So a call's tokens of
+one step go together, and every call's go out together, packed (`Tokens`: a plain list of ids; only a
+call's end is a `TokenChunk`). A decode job's tokens wait in its feed until its Attach call arrives.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -34,7 +37,6 @@ from tetri.scheduling.predictor import LengthPredictor, make_predictor
 from .engines.base import Engine, EngineError, EngineRequest, KVHandle, Rejected
 
 log = logging.getLogger(__name__)
-_DONE = object()
 _CANCELLED = StreamBroken("CANCELLED", "the request was cancelled here")  # a hand-over stopped by our Cancel
 
 
@@ -88,57 +90,148 @@ def decode_loads(msg: pb.DecodeLoadBroadcast, model: str | None = None) -> list[
     ]
 
 
+Tokens = list[int]  # a call's tokens of one engine step (its entry on `_Out`); the call goes on
+
+
+class _Out(LoopQueue[tuple[int, Tokens] | pb.TokenChunk | pb.AcceptReply | None]):
+    """A Serve stream's answers, in order, for its writer: calls' token entries (`_Feed`), calls' ends,
+    Accept calls' replies; None: the caller closed the stream. `turn` counts the event loop's turns that
+    brought tokens: a call's tokens of one turn (one engine step's) share an entry, and those of the next
+    start another, even when the writer, still writing the previous message, takes both at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.turn = 0
+        self._call_soon = loop.call_soon
+        self._sealing = False
+
+    def seal_soon(self) -> None:
+        """This turn brought tokens: the next turn's go in new entries."""
+        if not self._sealing:
+            self._sealing = True
+            self._call_soon(self._seal)
+
+    def _seal(self) -> None:
+        self._sealing = False
+        self.turn += 1
+
+
+class _Feed:
+    """Where one Generate or Attach call's answers go: the `out` queue of the Serve stream it is on, tagged
+    with the call. The task producing its tokens appends each to the call's entry of this turn on `out`
+    (`pending`), opening one when there is none; the stream's writer takes entries whole, emptying them.
+    A decode job's feed is made at Accept, unbound: its tokens, and its end, wait here until its Attach
+    call binds it to a stream."""
+
+    __slots__ = ("call", "end", "out", "pending", "turn")
+
+    def __init__(self, call: int = 0, out: _Out | None = None) -> None:
+        self.call = call
+        self.out = out  # None: unbound (no call yet, the caller left, or the end went out)
+        self.pending: Tokens = []  # bound: the call's latest entry on `out`; unbound: every token since
+        self.turn = -1  # the `out.turn` that opened `pending`
+        self.end: pb.TokenChunk | None = None  # the call's last chunk, once it ended
+
+    def put(self, tok: int) -> None:
+        """A token of the call: on `out` with the call's others of this turn."""
+        out = self.out
+        if out is None or (self.turn == out.turn and self.pending):  # this turn's, not taken (taken: emptied)
+            self.pending.append(tok)
+        else:
+            self._open(out, [tok])
+
+    def finish(self, chunk: pb.TokenChunk) -> None:
+        """End the call with `chunk`, which takes the tokens of this turn not taken yet (unbound: all; their
+        entry on `out` is then empty: the writer skips it); the first end stands, and nothing goes out after
+        it."""
+        if self.end is not None:
+            return
+        out = self.out
+        if self.pending and (out is None or self.turn == out.turn):
+            chunk.token_ids[:0] = self.pending
+            self.pending.clear()
+        self.end = chunk
+        if out is not None:
+            self._send_end(out, chunk)
+
+    def bind(self, call: int, out: _Out) -> None:
+        """Answer `call` on `out` from now on: what waited here goes out at once."""
+        self.call, self.out = call, out
+        if self.end is not None:
+            self._send_end(out, self.end)
+        elif self.pending:
+            self._open(out, self.pending)
+
+    def unbind(self) -> None:
+        """The caller left: nothing more goes out (tokens already on `out` still do)."""
+        self._detach()
+
+    def _open(self, out: _Out, tokens: Tokens) -> None:
+        self.pending, self.turn = tokens, out.turn
+        out.put_nowait((self.call, tokens))
+        out.seal_soon()
+
+    def _send_end(self, out: _Out, end: pb.TokenChunk) -> None:
+        end.call = self.call
+        out.put_nowait(end)
+        self._detach()
+
+    def _detach(self) -> None:
+        self.out = None
+        self.pending = []  # a fresh list: the one on `out`, if any, gets nothing more
+
+
 @dataclass
 class _DecodeJob:
     req: EngineRequest
-    queue: LoopQueue[object]
+    feed: _Feed = field(default_factory=_Feed)  # unbound until its Attach call
     task: asyncio.Task[None] | None = None
-    produced: int = 1  # the first token came from the prefill instance
     kv_tokens: int = 0  # prompt tokens in the handed-over KV
 
 
-async def _pump(source: AsyncIterator[int], queue: LoopQueue[object]) -> None:
+def _stopped(rid: str, e: EngineError) -> pb.TokenChunk:
+    """The last chunk of a request its engine stopped: rejected, aborted, or an error."""
+    reason = "rejected" if isinstance(e, Rejected) else "abort" if str(e) == "aborted" else "error"
+    return pb.TokenChunk(request_id=rid, finished=True, finish_reason=reason, error=str(e))
+
+
+async def _stream(rid: str, tokens: AsyncIterator[int], feed: _Feed, produced: int, limit: int) -> pb.TokenChunk:
+    """Put an engine iterator's tokens on `feed` as they come; returns the call's end, which says why it
+    ended (`produced`: output tokens before the iterator's first; `limit`: max_tokens)."""
+    put = feed.put
     try:
-        async for tok in source:
-            queue.put_nowait(tok)
-        queue.put_nowait(_DONE)
+        async for tok in tokens:
+            put(tok)
+            produced += 1
     except EngineError as e:
-        queue.put_nowait(e)
-    except asyncio.CancelledError:
-        queue.put_nowait(EngineError("aborted"))
-        raise
+        return _stopped(rid, e)
+    return pb.TokenChunk(request_id=rid, finished=True, finish_reason="length" if produced >= limit else "stop")
 
 
-Tokens = list[int]  # a call's tokens since its previous answer; the call goes on
-Reply = Tokens | pb.TokenChunk  # what a Generate or Attach call yields: tokens, then its end
-
-
-async def _chunks(rid: str, queue: LoopQueue[object], produced: int, limit: int) -> AsyncIterator[Reply]:
-    """Read a token queue and yield the tokens coalesced; the last chunk says why it ended."""
-    while True:
-        item = await queue.get()
-        toks: list[int] = []
-        end: object | None = None
-        while True:
-            if item is _DONE or isinstance(item, EngineError):
-                end = item
-                break
-            toks.append(int(item))  # type: ignore[call-overload]
-            if queue.empty():
-                break
-            item = queue.get_nowait()
-        produced += len(toks)
-        if end is None:
-            yield toks
-            continue
-        if isinstance(end, EngineError):
-            reason = "rejected" if isinstance(end, Rejected) else "abort" if str(end) == "aborted" else "error"
-            yield pb.TokenChunk(request_id=rid, token_ids=toks, finished=True, finish_reason=reason, error=str(end))
-        else:
-            yield pb.TokenChunk(
-                request_id=rid, token_ids=toks, finished=True, finish_reason="length" if produced >= limit else "stop"
-            )
-        return
+def _down(batch: list[tuple[int, Tokens] | pb.TokenChunk | pb.AcceptReply]) -> pb.ServeDown | None:
+    """One Serve stream message for what its `out` queue held: the token entries, taken (each emptied:
+    its call opens another for its next token), packed into one list; the ends and replies as they are.
+    None: nothing to send (the tokens there went with their calls' ends)."""
+    token_calls: list[int] = []
+    counts: list[int] = []
+    tokens: list[int] = []
+    chunks: list[pb.TokenChunk] = []
+    replies: list[pb.AcceptReply] = []
+    for item in batch:
+        if type(item) is tuple:
+            toks = item[1]
+            if toks:
+                token_calls.append(item[0])
+                counts.append(len(toks))
+                tokens += toks
+                toks.clear()
+        elif isinstance(item, pb.TokenChunk):
+            chunks.append(item)
+        elif isinstance(item, pb.AcceptReply):
+            replies.append(item)
+    if not (tokens or chunks or replies):
+        return None
+    return pb.ServeDown(chunks=chunks, replies=replies, token_calls=token_calls, token_counts=counts, tokens=tokens)
 
 
 def _sampling(r: pb.GenerateRequest) -> Sampling:
@@ -160,6 +253,11 @@ def _sampling(r: pb.GenerateRequest) -> Sampling:
 def _error_chunk(rid: str, error: str) -> pb.TokenChunk:
     """The last chunk of a request that failed: finish_reason "error" and a one-line reason."""
     return pb.TokenChunk(request_id=rid, finished=True, finish_reason="error", error=error)
+
+
+def _aborted_chunk(rid: str) -> pb.TokenChunk:
+    """The last chunk of a request stopped here (`Cancel`, or its caller gone): finish_reason "abort"."""
+    return pb.TokenChunk(request_id=rid, finished=True, finish_reason="abort", error="aborted")
 
 
 def _refused_chunk(rid: str, reason: str) -> pb.TokenChunk:
@@ -186,7 +284,8 @@ class WorkerService(rpc.WorkerServicer):
         self.engine_factory = engine_factory  # builds an engine for another role (instance flip)
         self.decode_view = DecodeView(rng=random.Random(instance_id))
         self.jobs: dict[str, _DecodeJob] = {}  # decode: accepted requests
-        self.generating: dict[str, LoopQueue[object]] = {}  # colocated: streams in progress
+        # colocated: calls in progress -> the call's feed and the task putting the engine's tokens on it
+        self.generating: dict[str, tuple[_Feed, asyncio.Task[None]]] = {}
         # prefill: requests waiting for a decode instance to take their KV -> the Accept call's answer queue
         self.handing_over: dict[str, LoopQueue[Answer | StreamBroken]] = {}
         self.serving = ServeStreams(peers)  # prefill: this worker's Serve streams to decode workers
@@ -233,11 +332,13 @@ class WorkerService(rpc.WorkerServicer):
         self, request_iterator: AsyncIterator[pb.ServeUps], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ServeDown]:
         """Every call one caller makes on this worker, multiplexed (`tetri.proto.serve`): each
-        `generate`/`attach` runs as its own task, whose chunks (tagged with the call) go out coalesced, one
-        message for all chunks and replies ready; an `accept` is answered by one `AcceptReply`; `close`
-        cancels a call (as a client leaving a stream would); the stream ending cancels them all."""
-        out: LoopQueue[tuple[int, Tokens] | pb.TokenChunk | pb.AcceptReply | None] = LoopQueue()
+        `generate`/`attach` runs as its own task, and the task reading the call's engine iterator puts its
+        tokens, then its end (tagged with the call), straight onto this stream's `out` queue (`_Feed`); one
+        message goes out for all tokens, chunks and replies ready; an `accept` is answered by one
+        `AcceptReply`; `close` cancels a call (as a client leaving a stream would); the stream ending cancels
+        them all."""
         loop = asyncio.get_running_loop()  # once: looking it up costs a system call on 3.11 (tetri.loopqueue)
+        out = _Out(loop)
         calls: dict[int, asyncio.Task[None]] = {}
 
         async def answer(call: int, request: pb.AcceptRequest) -> None:
@@ -251,15 +352,9 @@ class WorkerService(rpc.WorkerServicer):
             reply.call = call
             out.put_nowait(reply)
 
-        async def run(call: int, chunks: AsyncIterator[Reply], rid: str) -> None:
+        async def run(call: int, rid: str, work: Callable[[], Awaitable[None]]) -> None:
             try:
-                async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-                    async for chunk in chunks:
-                        if isinstance(chunk, list):
-                            out.put_nowait((call, chunk))
-                        else:
-                            chunk.call = call
-                            out.put_nowait(chunk)
+                await work()  # made here: a call closed before its task starts leaves no coroutine unawaited
             except Exception as e:  # a fault in this call ends it alone, with the reason
                 log.exception("call %d (request %s) failed", call, rid)
                 chunk = _error_chunk(rid, f"worker {self.instance_id}: {type(e).__name__}: {e}")
@@ -269,15 +364,19 @@ class WorkerService(rpc.WorkerServicer):
                 calls.pop(call, None)
 
         def start(up: pb.ServeUp) -> None:
-            op = up.WhichOneof("op")
+            op, call = up.WhichOneof("op"), up.call
             if op == "generate":
-                calls[up.call] = loop.create_task(run(up.call, self.generate(up.generate), up.generate.request_id))
+                generate = up.generate
+                calls[call] = loop.create_task(
+                    run(call, generate.request_id, lambda: self.generate(generate, call, out))
+                )
             elif op == "attach":
-                calls[up.call] = loop.create_task(run(up.call, self.attach(up.attach), up.attach.request_id))
+                attach = up.attach
+                calls[call] = loop.create_task(run(call, attach.request_id, lambda: self.attach(attach, call, out)))
             elif op == "accept":
-                calls[up.call] = loop.create_task(answer(up.call, up.accept))
+                calls[call] = loop.create_task(answer(call, up.accept))
             else:  # close
-                task = calls.get(up.call)
+                task = calls.get(call)
                 if task is not None:
                     task.cancel()
 
@@ -303,23 +402,9 @@ class WorkerService(rpc.WorkerServicer):
                         end = True
                         break
                     batch.append(item)
-                token_calls: list[int] = []
-                counts: list[int] = []
-                tokens: list[int] = []
-                chunks: list[pb.TokenChunk] = []
-                replies: list[pb.AcceptReply] = []
-                for item in batch:
-                    if type(item) is tuple:
-                        token_calls.append(item[0])
-                        counts.append(len(item[1]))
-                        tokens += item[1]
-                    elif isinstance(item, pb.TokenChunk):
-                        chunks.append(item)
-                    else:
-                        replies.append(item)  # type: ignore[arg-type]
-                yield pb.ServeDown(
-                    chunks=chunks, replies=replies, token_calls=token_calls, token_counts=counts, tokens=tokens
-                )
+                down = _down(batch)
+                if down is not None:
+                    yield down
                 if end:
                     return
         finally:
@@ -329,39 +414,48 @@ class WorkerService(rpc.WorkerServicer):
                 task.cancel()
             await asyncio.gather(reader, *running, return_exceptions=True)
 
-    async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[Reply]:
-        """A Generate call: colocated, every token; prefill, the first token then the hand-off chunk."""
+    async def generate(self, request: pb.GenerateRequest, call: int, out: _Out) -> None:
+        """A Generate call, answered on `out`: colocated, every token; prefill, the first token then the
+        hand-off chunk."""
         req = self._req(request)
+        feed = _Feed(call, out)
         if self.state != "active":
-            yield _refused_chunk(req.request_id, f"instance {self.instance_id} is {self.state}")
-            return
-        if self.role == "colocated":
-            queue: LoopQueue[object] = LoopQueue()
-            self.generating[req.request_id] = queue
-            pump = asyncio.create_task(_pump(self.engine.generate(req), queue))
+            feed.finish(_refused_chunk(req.request_id, f"instance {self.instance_id} is {self.state}"))
+        elif self.role == "colocated":
+            await self._colocated(req, feed)
+        elif self.role != "prefill":
+            feed.finish(_refused_chunk(req.request_id, f"instance {self.instance_id} is a {self.role} instance"))
+        else:
+            self.prefilling += 1
             try:
-                async for chunk in _chunks(req.request_id, queue, 0, req.max_tokens):
-                    if type(chunk) is not list:  # its end: how much of its prompt the prefix cache held
-                        chunk.cached_tokens = self._cached(req.request_id)  # type: ignore[union-attr]
-                    yield chunk
+                await self._prefill(request, req, feed)
             finally:
-                self.generating.pop(req.request_id, None)
-                if not pump.done():  # the caller left (a client, or a daemon that moved the request)
-                    log.info("request %s: its caller left; aborted", req.request_id)
-                    pump.cancel()
-                    await self.engine.abort(req.request_id)
-            return
-        if self.role != "prefill":
-            yield _refused_chunk(req.request_id, f"instance {self.instance_id} is a {self.role} instance")
-            return
-        self.prefilling += 1
-        try:
-            async for chunk in self._prefill(request, req):
-                yield chunk
-        finally:
-            self.prefilling -= 1
+                self.prefilling -= 1
 
-    async def _prefill(self, request: pb.GenerateRequest, req: EngineRequest) -> AsyncIterator[Reply]:
+    async def _colocated(self, req: EngineRequest, feed: _Feed) -> None:
+        """A colocated Generate call: this task puts the engine's tokens on the call's feed, then its end,
+        which says how much of the prompt the prefix cache held. `Cancel` ends the call with "abort" and
+        cancels this task; the caller leaving (a client, or a daemon that moved the request) cancels it too.
+        Either way the engine drops the request."""
+        rid = req.request_id
+        task = asyncio.current_task()  # once per request: Cancel stops it
+        assert task is not None
+        self.generating[rid] = (feed, task)
+        done = False
+        try:
+            end = await _stream(rid, self.engine.generate(req), feed, 0, req.max_tokens)
+            done = True
+        finally:
+            self.generating.pop(rid, None)
+            if not done:
+                if feed.end is None:  # not our Cancel
+                    log.info("request %s: its caller left; aborted", rid)
+                await self.engine.abort(rid)
+        if feed.end is None:
+            end.cached_tokens = self._cached(rid)
+            feed.finish(end)
+
+    async def _prefill(self, request: pb.GenerateRequest, req: EngineRequest, feed: _Feed) -> None:
         rid = req.request_id
         if self.predictor is not None and not request.predicted_lo:
             # the length predictor runs beside the prefill (TetriInfer §3.3.2); the sim engine's
@@ -374,10 +468,10 @@ class WorkerService(rpc.WorkerServicer):
         try:
             out = await self.engine.prefill(req)
         except Rejected as e:  # waited past the TTFT target (`ttft_miss` reject): the daemon answers 429
-            yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="rejected", error=str(e))
+            feed.finish(pb.TokenChunk(request_id=rid, finished=True, finish_reason="rejected", error=str(e)))
             return
         except EngineError as e:
-            yield _error_chunk(rid, str(e))
+            feed.finish(_error_chunk(rid, str(e)))
             return
         except asyncio.CancelledError:
             await self.engine.abort(rid)
@@ -386,25 +480,28 @@ class WorkerService(rpc.WorkerServicer):
         if req.max_tokens <= 1 or out.first_token in req.sampling.stop_token_ids:
             await self.engine.release_kv(rid)
             reason = "length" if out.first_token not in req.sampling.stop_token_ids else "stop"
-            yield pb.TokenChunk(
-                request_id=rid, token_ids=[out.first_token], finished=True, finish_reason=reason, cached_tokens=cached
+            feed.finish(
+                pb.TokenChunk(
+                    request_id=rid,
+                    token_ids=[out.first_token],
+                    finished=True,
+                    finish_reason=reason,
+                    cached_tokens=cached,
+                )
             )
             return
         try:  # from here the prompt's KV is held here until the hand-over ends, however it ends
-            async for chunk in self._hand_over(request, rid, out.first_token, out.kv):
-                if type(chunk) is not list:
-                    chunk.cached_tokens = cached  # type: ignore[union-attr]
-                yield chunk
+            feed.put(out.first_token)
+            end = await self._hand_over(request, rid, out.first_token, out.kv)
+            end.cached_tokens = cached
+            feed.finish(end)
         finally:
             await self.engine.release_kv(rid)
 
-    async def _hand_over(
-        self, request: pb.GenerateRequest, rid: str, first_token: int, kv: KVHandle
-    ) -> AsyncIterator[Reply]:
-        """The first token, then a decode instance takes the KV (its Accept is answered once its admission
-        pulled it), then the hand-off chunk; or the reason none did. `Cancel` meanwhile ends it with
+    async def _hand_over(self, request: pb.GenerateRequest, rid: str, first_token: int, kv: KVHandle) -> pb.TokenChunk:
+        """After the first token: a decode instance takes the KV (its Accept is answered once its admission
+        pulled it); returns the hand-off chunk, or the reason none did. `Cancel` meanwhile ends it with
         "abort"."""
-        yield [first_token]
         accept = pb.AcceptRequest(
             request=request,
             first_token=first_token,
@@ -437,22 +534,20 @@ class WorkerService(rpc.WorkerServicer):
                 self.handing_over.pop(rid, None)
                 stream.leave(call, finished=isinstance(got, pb.AcceptReply))
             if got is _CANCELLED:  # our Cancel RPC
-                yield pb.TokenChunk(request_id=rid, finished=True, finish_reason="abort", error="aborted")
-                return
+                return _aborted_chunk(rid)
             if isinstance(got, StreamBroken):
                 reply = pb.AcceptReply(accepted=False, reason=f"decode instance {decode_id} unreachable: {got.code}")
             else:
                 assert isinstance(got, pb.AcceptReply)
                 reply = got
             if reply.accepted:
-                yield pb.TokenChunk(
+                return pb.TokenChunk(
                     request_id=rid, handoff=pb.Handoff(decode_instance_id=decode_id, decode_address=address)
                 )
-                return
             refused.append(decode_id)
             last_reason = reply.reason
         error = last_reason if refused else "no healthy decode instance to hand over to"
-        yield _error_chunk(rid, error)
+        return _error_chunk(rid, error)
 
     async def _target(self, request: pb.GenerateRequest, exclude: frozenset[str]) -> tuple[str, str] | None:
         """The decode instance to hand over to (the pinned one, or the dispatcher's pick), or None. The view
@@ -491,7 +586,7 @@ class WorkerService(rpc.WorkerServicer):
             request.kv.source_instance_id,
             dict(request.kv.params),
         )
-        job = _DecodeJob(req, LoopQueue(), kv_tokens=kv.num_tokens)
+        job = _DecodeJob(req, kv_tokens=kv.num_tokens)
         taken: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         job.task = asyncio.create_task(self._decode(job, kv, request.first_token, taken))
         self.jobs[req.request_id] = job
@@ -508,57 +603,63 @@ class WorkerService(rpc.WorkerServicer):
         return pb.AcceptReply(accepted=True)
 
     async def _decode(self, job: _DecodeJob, kv: KVHandle, first_token: int, taken: asyncio.Future[str | None]) -> None:
+        """A decode job's task: the engine takes the KV (`taken` says whether it did), then this task puts its
+        tokens on the job's feed, which holds them until the Attach call binds it to a stream. Cancelled
+        (`Cancel`, its caller gone, the prefill side gone), the job ends with "abort"."""
+        rid = job.req.request_id
         try:
             await self.engine.load_kv(job.req, kv)
-        except EngineError as e:
+            if not taken.done():
+                taken.set_result(None)
+            end = await _stream(rid, self.engine.decode(job.req, first_token), job.feed, 1, job.req.max_tokens)
+        except EngineError as e:  # the engine could not take the KV
             if not taken.done():
                 taken.set_result(str(e))
-            job.queue.put_nowait(e)
-            return
-        except asyncio.CancelledError:  # cancelled before the KV was taken or while it arrives: end both waits
+            end = _stopped(rid, e)
+        except asyncio.CancelledError:  # cancelled before the KV was taken, while it arrives, or decoding
             if not taken.done():
-                taken.set_result(f"request {job.req.request_id} cancelled")
-            job.queue.put_nowait(EngineError("aborted"))
+                taken.set_result(f"request {rid} cancelled")
+            self._decoded(job, _aborted_chunk(rid))
             raise
-        if not taken.done():
-            taken.set_result(None)
-        await _pump(self._counted(job, self.engine.decode(job.req, first_token)), job.queue)
+        self._decoded(job, end)
 
-    @staticmethod
-    async def _counted(job: _DecodeJob, tokens: AsyncIterator[int]) -> AsyncIterator[int]:
-        async for tok in tokens:
-            job.produced += 1
-            yield tok
+    def _decoded(self, job: _DecodeJob, end: pb.TokenChunk) -> None:
+        """A decode job's end, which says how much of the prompt came with the hand-over."""
+        end.kv_loaded_tokens = self._kv_loaded(job.req.request_id, job)
+        job.feed.finish(end)
 
-    async def attach(self, request: pb.AttachRequest) -> AsyncIterator[Reply]:
-        """An Attach call (decode): the tokens after the first, buffered since Accept."""
+    async def attach(self, request: pb.AttachRequest, call: int, out: _Out) -> None:
+        """An Attach call (decode), answered on `out`: the job's feed is bound to it, so the tokens decoded
+        since Accept go at once, and the rest as the job's task produces them, until its end."""
         rid = request.request_id
         job = self.jobs.get(rid)
-        if job is None:
-            yield _error_chunk(rid, f"unknown request {rid}")
+        if job is None or job.task is None:
+            _Feed(call, out).finish(_error_chunk(rid, f"unknown request {rid}"))
             return
-        finished = False
+        task = job.task
+        job.feed.bind(call, out)
         try:
-            async for chunk in _chunks(rid, job.queue, 1, job.req.max_tokens):
-                if type(chunk) is not list:
-                    finished = True
-                    chunk.kv_loaded_tokens = self._kv_loaded(rid, job)  # type: ignore[union-attr]
-                yield chunk
+            await asyncio.wait((task,))  # not `await task`: this call's cancellation would reach it first
         finally:
             self.jobs.pop(rid, None)
-            if not finished and job.task is not None and not job.task.done():  # the caller left
+            if not task.done():  # the caller left: nothing more goes out on its call, and the request stops
+                job.feed.unbind()
                 log.info("request %s: its caller left; aborted", rid)
-                job.task.cancel()
+                task.cancel()
                 await self.engine.abort(rid)
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelReply:
         rid = request.request_id
         job = self.jobs.pop(rid, None)
-        if job is not None and job.task is not None:
+        if job is not None and job.task is not None:  # its task ends the job with "abort"
             job.task.cancel()
         stream = self.generating.get(rid)
-        if stream is not None:  # the colocated stream ends with "abort", not as a short "stop"
-            stream.put_nowait(EngineError("aborted"))
+        if stream is not None:  # the colocated call ends with "abort", not as a short "stop"
+            feed, task = stream
+            end = _aborted_chunk(rid)
+            end.cached_tokens = self._cached(rid)
+            feed.finish(end)
+            task.cancel()
         handover = self.handing_over.pop(rid, None)
         if handover is not None:  # prefilled, waiting for a decode instance to pull the KV: stop that
             handover.put_nowait(_CANCELLED)
