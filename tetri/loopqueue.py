@@ -1,10 +1,11 @@
 """A queue for the token path: `asyncio.Queue` without its per-call look-up of the running loop.
 
 On Python 3.11 every `asyncio.get_running_loop()` — which `asyncio.Queue.get` makes on each call, as do
-`asyncio.create_task` and `Event.wait` — makes a `getpid` system call (a fork check, dropped in 3.12). A
-worker awaits a queue per token and per request: 8–11% of a worker's CPU went to `getpid` in
-`bench/control_plane_cost.py` (py-spy --native, docs/vllm.md). `LoopQueue` finds its loop once, when a
-consumer first waits.
+`asyncio.create_task` and `Event.wait` — makes a `getpid` system call (a fork check, dropped in 3.12). When
+a worker still awaited a queue per token and per request, 8–11% of its CPU went to `getpid` in
+`bench/control_plane_cost.py` (py-spy --native, docs/vllm.md); now each Serve stream's writer awaits its one
+queue (`workers.service`), once per engine step. `LoopQueue` finds its loop once, when a consumer first
+waits.
 
 Unbounded, one consumer at a time (every queue on the token path has one), the event loop's thread only.
 """
