@@ -28,7 +28,6 @@ from .worker_client import WorkerClient
 @dataclass
 class Shared:
     settings: DaemonSettings
-    tls: Tls
     metrics: Metrics
     store: Store
     writer: BatchWriter
@@ -60,18 +59,8 @@ async def shared(app: FastAPI, store: Store, cluster: Cluster) -> AsyncIterator[
     writer = BatchWriter(store, settings.flush_interval_s, max_buffered=settings.store_buffer_rows)
     await writer.start()
     predictor = PredictorService(store, cluster.clock.now, from_store=settings.store_prompt_samples)
-    tls = tls_of(settings)
-    sh = Shared(
-        settings,
-        tls,
-        metrics,
-        store,
-        writer,
-        predictor,
-        WorkerClient(settings.grpc_token(), tls),
-        ServedModels(),
-        cluster,
-    )
+    workers = WorkerClient(settings.grpc_token(), tls_of(settings))
+    sh = Shared(settings, metrics, store, writer, predictor, workers, ServedModels(), cluster)
     metrics.watch_predictor(predictor)
     metrics.watch_store(writer)
     app.state.store, app.state.writer, app.state.predictor = store, writer, predictor

@@ -5,9 +5,6 @@ every read is answered by the front itself (`daemon.api.reads`)."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import httpx
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -30,21 +27,16 @@ router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_admin)], resp
 
 
 async def _forward(request: Request) -> JSONResponse:
-    """The controller's answer to this write (its body, when it has one, passed on as JSON)."""
-    body = await request.body()
-    try:
-        payload = json.loads(body) if body else None
-    except ValueError:
-        raise HTTPException(400, detail={"message": "malformed JSON body", "param": None}) from None
-    return await to_controller(request, payload)
+    """The controller's answer to this write, its body passed on as it came (the controller validates it)."""
+    return await to_controller(request, await request.body())
 
 
 for _method, _path in WRITES:
     router.add_api_route(_path, _forward, methods=[_method], include_in_schema=False)
 
 
-async def to_controller(request: Request, payload: Any) -> JSONResponse:
-    """The controller's answer to this request (with `payload` as its JSON body), with its status; its
+async def to_controller(request: Request, body: bytes) -> JSONResponse:
+    """The controller's answer to this request (with `body` as its body), with its status; its
     refusal is raised as the same HTTPException, so the front answers exactly as the controller did."""
     link = request.app.state.front
     if not link.connected or not link.admin_url:
@@ -53,10 +45,10 @@ async def to_controller(request: Request, payload: Any) -> JSONResponse:
     if client is None:
         ca = request.app.state.settings.tls_ca_file
         client = request.app.state.controller_http = httpx.AsyncClient(timeout=30.0, verify=ca or True)
-    headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+    headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
     try:
         url = link.admin_url + request.url.path
-        r = await client.request(request.method, url, json=payload, headers=headers, params=request.query_params)
+        r = await client.request(request.method, url, content=body, headers=headers, params=request.query_params)
     except httpx.HTTPError:
         raise HTTPException(503, detail={"message": UNAVAILABLE, "param": None}, headers={"Retry-After": "1"}) from None
     try:

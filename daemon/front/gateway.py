@@ -49,7 +49,7 @@ class Gateway:
         metrics: Metrics,
         predictor: PredictorService | None = None,
         *,
-        workers: WorkerClient | None = None,
+        workers: WorkerClient,
         max_migrations: int = 3,
         migration_wait_s: float = 30.0,
         entry_wait_s: float = 5.0,
@@ -64,7 +64,7 @@ class Gateway:
         self.writer = writer
         self.metrics = metrics
         self.clock = cluster.clock
-        self.workers = workers or WorkerClient()
+        self.workers = workers  # the process's (`daemon.build`): not the gateway's to close
         self.router = Router(cluster, metrics, entry_wait_s, migration_wait_s)
         self.host = RunHost(self.clock, self.router, self.workers, metrics, max_migrations)
         self.inflight: dict[str, Inflight] = {}
@@ -261,6 +261,3 @@ class Gateway:
 
         await asyncio.gather(*(self._stop(fl, timeout=2) for fl in flights))
         return len(flights)
-
-    async def close(self) -> None:
-        await self.workers.close()

@@ -1148,7 +1148,8 @@ def test_a_fault_in_one_requests_output_ends_that_request_alone(tmp_path: Path) 
         ):
             link = ControlLink(c1.service, daemon, c1.address, TOKEN)
             task = asyncio.create_task(link.run())
-            gw = Gateway(cluster, writer, Metrics(lambda: ([], {})), workers=WorkerClient(TOKEN))
+            workers = WorkerClient(TOKEN)
+            gw = Gateway(cluster, writer, Metrics(lambda: ([], {})), workers=workers)
             try:
                 await asyncio.wait_for(link.registered.wait(), 5)
                 while Router(cluster).pick(c1.engine.model_name) is None:
@@ -1172,7 +1173,7 @@ def test_a_fault_in_one_requests_output_ends_that_request_alone(tmp_path: Path) 
             finally:
                 link.stop()
                 await task
-                await gw.close()
+                await workers.close()
         await writer.stop()
         store.close()
 
