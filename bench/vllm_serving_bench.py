@@ -48,7 +48,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,7 @@ class Result:
     jct: float
     tokens: int
     error: str | None = None  # a failed request (HTTP error, error event, short answer): not in the statistics
+    ids: list[int] = field(default_factory=list)  # the output token ids, in order
 
     @property
     def tpot(self) -> float:
@@ -132,21 +133,23 @@ async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tok
         "stream": True,
         "return_token_ids": True,
     }
-    ttft, tokens = None, 0
+    ttft: float | None = None
+    ids: list[int] = []
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
         async for msg in SseStream(resp):
             if "error" in msg:
                 raise RuntimeError(f"stream error: {msg['error']}")
-            n = sum(len(c.get("token_ids") or []) for c in msg.get("choices", []))
-            if n and ttft is None:
+            n = len(ids)
+            for c in msg.get("choices", []):
+                ids += c.get("token_ids") or []
+            if len(ids) > n and ttft is None:
                 ttft = time.perf_counter() - t0
-            tokens += n
     jct = time.perf_counter() - t0
-    if tokens != max_tokens or ttft is None:
-        raise RuntimeError(f"asked for {max_tokens} tokens, got {tokens}")
-    return Result(ttft, jct, tokens)
+    if len(ids) != max_tokens or ttft is None:
+        raise RuntimeError(f"asked for {max_tokens} tokens, got {len(ids)}")
+    return Result(ttft, jct, len(ids), ids=ids)
 
 
 async def run_pattern(
@@ -332,6 +335,26 @@ def spread(rounds: list[dict[str, dict[str, list[Result]]]], args: argparse.Name
                 print(f"{pattern:10s} {LABEL[a]} / {LABEL[b]}, TTFT/TPOT/JCT mean ratio by round: {'  '.join(per)}")
 
 
+def identity(rounds: list[dict[str, dict[str, list[Result]]]], args: argparse.Namespace) -> None:
+    """Token identity: each Tetri system's output ids against vLLM's for the same request, pattern and round
+    (greedy, the same engine options: they should be the same tokens)."""
+    for system in args.systems:
+        if system == "vllm":
+            continue
+        same = total = 0
+        for r in rounds:
+            for pattern, rs in r.get(system, {}).items():
+                base = r.get("vllm", {}).get(pattern)
+                if base is None:
+                    continue
+                for mine, theirs in zip(rs, base, strict=True):
+                    if mine.error is None and theirs.error is None:
+                        total += 1
+                        same += mine.ids == theirs.ids
+        if total:
+            print(f"token identity, {LABEL[system]} / vLLM server: {same} of {total} requests' output ids identical")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="model directory (default: a tiny Llama written here)")
@@ -403,6 +426,7 @@ def main() -> None:
             report(results, spent, args)
             if len(rounds) > 1:
                 spread(rounds, args)
+            identity(rounds, args)
         if ok:
             shutil.rmtree(root, ignore_errors=True)
         else:

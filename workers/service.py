@@ -123,7 +123,7 @@ class _Feed:
     A decode job's feed is made at Accept, unbound: its tokens, and its end, wait here until its Attach
     call binds it to a stream."""
 
-    __slots__ = ("call", "end", "out", "pending", "turn")
+    __slots__ = ("call", "end", "n", "out", "pending", "turn")
 
     def __init__(self, call: int = 0, out: _Out | None = None) -> None:
         self.call = call
@@ -131,14 +131,16 @@ class _Feed:
         self.pending: Tokens = []  # bound: the call's latest entry on `out`; unbound: every token since
         self.turn = -1  # the `out.turn` that opened `pending`
         self.end: pb.TokenChunk | None = None  # the call's last chunk, once it ended
+        self.n = 0  # tokens put here
 
-    def put(self, tok: int) -> None:
-        """A token of the call: on `out` with the call's others of this turn."""
+    def extend(self, tokens: list[int], /) -> None:
+        """Tokens of the call (an engine step's): on `out` with the call's others of this turn."""
+        self.n += len(tokens)
         out = self.out
         if out is None or (self.turn == out.turn and self.pending):  # this turn's, not taken (taken: emptied)
-            self.pending.append(tok)
+            self.pending += tokens
         else:
-            self._open(out, [tok])
+            self._open(out, list(tokens))
 
     def finish(self, chunk: pb.TokenChunk) -> None:
         """End the call with `chunk`, which takes the tokens of this turn not taken yet (unbound: all; their
@@ -195,16 +197,15 @@ def _stopped(rid: str, e: EngineError) -> pb.TokenChunk:
     return pb.TokenChunk(request_id=rid, finished=True, finish_reason=reason, error=str(e))
 
 
-async def _stream(rid: str, tokens: AsyncIterator[int], feed: _Feed, produced: int, limit: int) -> pb.TokenChunk:
-    """Put an engine iterator's tokens on `feed` as they come; returns the call's end, which says why it
-    ended (`produced`: output tokens before the iterator's first; `limit`: max_tokens)."""
-    put = feed.put
+async def _stream(rid: str, run: Awaitable[None], feed: _Feed, produced: int, limit: int) -> pb.TokenChunk:
+    """Run an engine's `generate_to` or `decode_to`, which puts the tokens on `feed` as they come; returns
+    the call's end, which says why it ended (`produced`: output tokens before the engine's first; `limit`:
+    max_tokens)."""
     try:
-        async for tok in tokens:
-            put(tok)
-            produced += 1
+        await run
     except EngineError as e:
         return _stopped(rid, e)
+    produced += feed.n
     return pb.TokenChunk(request_id=rid, finished=True, finish_reason="length" if produced >= limit else "stop")
 
 
@@ -443,7 +444,7 @@ class WorkerService(rpc.WorkerServicer):
         self.generating[rid] = (feed, task)
         done = False
         try:
-            end = await _stream(rid, self.engine.generate(req), feed, 0, req.max_tokens)
+            end = await _stream(rid, self.engine.generate_to(req, feed), feed, 0, req.max_tokens)
             done = True
         finally:
             self.generating.pop(rid, None)
@@ -491,7 +492,7 @@ class WorkerService(rpc.WorkerServicer):
             )
             return
         try:  # from here the prompt's KV is held here until the hand-over ends, however it ends
-            feed.put(out.first_token)
+            feed.extend([out.first_token])
             end = await self._hand_over(request, rid, out.first_token, out.kv)
             end.cached_tokens = cached
             feed.finish(end)
@@ -611,7 +612,8 @@ class WorkerService(rpc.WorkerServicer):
             await self.engine.load_kv(job.req, kv)
             if not taken.done():
                 taken.set_result(None)
-            end = await _stream(rid, self.engine.decode(job.req, first_token), job.feed, 1, job.req.max_tokens)
+            feed = job.feed
+            end = await _stream(rid, self.engine.decode_to(job.req, first_token, feed), feed, 1, job.req.max_tokens)
         except EngineError as e:  # the engine could not take the KV
             if not taken.done():
                 taken.set_result(str(e))

@@ -47,12 +47,12 @@ def test_a_calls_tokens_of_one_turn_share_an_entry_and_every_call_shares_the_mes
     async def scenario(out: _Out) -> None:
         a, b = _Feed(1, out), _Feed(2, out)
         for tok in (10, 11):
-            a.put(tok)
-        b.put(20)
-        a.put(12)
+            a.extend([tok])
+        b.extend([20])
+        a.extend([12])
         assert out.qsize() == 2  # one entry per call, however many tokens it has this turn
         assert _tokens(_take(out)) == ([1, 2], [3, 1], [10, 11, 12, 20])
-        a.put(13)  # taken: the same turn's next token opens another entry
+        a.extend([13])  # taken: the same turn's next token opens another entry
         assert _tokens(_take(out)) == ([1], [1], [13])
 
     _run(scenario)
@@ -61,12 +61,12 @@ def test_a_calls_tokens_of_one_turn_share_an_entry_and_every_call_shares_the_mes
 def test_each_turns_tokens_stay_apart_when_the_writer_takes_several_turns_at_once() -> None:
     async def scenario(out: _Out) -> None:
         feed = _Feed(5, out)
-        feed.put(1)
-        feed.put(2)
+        feed.extend([1])
+        feed.extend([2])
         await _turn()
-        feed.put(3)
+        feed.extend([3])
         await _turn()
-        feed.put(4)
+        feed.extend([4])
         assert _tokens(_take(out)) == ([5, 5, 5], [2, 1, 1], [1, 2, 3, 4])
 
     _run(scenario)
@@ -75,13 +75,13 @@ def test_each_turns_tokens_stay_apart_when_the_writer_takes_several_turns_at_onc
 def test_the_end_takes_this_turns_tokens_and_nothing_goes_after_it() -> None:
     async def scenario(out: _Out) -> None:
         feed = _Feed(3, out)
-        feed.put(1)
+        feed.extend([1])
         await _turn()
-        feed.put(2)
-        feed.put(3)
+        feed.extend([2])
+        feed.extend([3])
         feed.finish(_end())
         feed.finish(pb.TokenChunk(request_id="r", finished=True, finish_reason="abort"))  # the first end stands
-        feed.put(4)
+        feed.extend([4])
         down = _take(out)
         assert _tokens(down) == ([3], [1], [1])  # an earlier turn's entry goes as it is; this turn's is empty
         assert down is not None
@@ -95,18 +95,18 @@ def test_the_end_takes_this_turns_tokens_and_nothing_goes_after_it() -> None:
 def test_an_unbound_feed_holds_its_tokens_and_end_until_bound() -> None:
     async def scenario(out: _Out) -> None:
         feed = _Feed()  # a decode job's, made at Accept
-        feed.put(5)
+        feed.extend([5])
         await _turn()
-        feed.put(6)
+        feed.extend([6])
         assert out.empty()
         feed.bind(7, out)
-        feed.put(8)
+        feed.extend([8])
         assert _tokens(_take(out)) == ([7], [3], [5, 6, 8])
 
         done = _Feed()
-        done.put(1)
+        done.extend([1])
         await _turn()
-        done.put(2)
+        done.extend([2])
         done.finish(_end())
         done.bind(9, out)  # attached after the job ended: its end, with every token, at once
         down = _take(out)
@@ -121,14 +121,14 @@ def test_an_unbound_feed_holds_its_tokens_and_end_until_bound() -> None:
 def test_after_unbind_nothing_more_goes_out() -> None:
     async def scenario(out: _Out) -> None:
         feed = _Feed(4, out)
-        feed.put(1)
+        feed.extend([1])
         feed.unbind()  # the caller left
-        feed.put(2)
+        feed.extend([2])
         feed.finish(_end())
         down = _take(out)  # what was on `out` before it left still goes; nothing after
         assert _tokens(down) == ([4], [1], [1])
         assert down is not None and not down.chunks
-        feed.put(3)
+        feed.extend([3])
         assert _take(out) is None
 
     _run(scenario)
@@ -136,7 +136,7 @@ def test_after_unbind_nothing_more_goes_out() -> None:
 
 def test_replies_and_other_calls_ends_share_the_message() -> None:
     async def scenario(out: _Out) -> None:
-        _Feed(1, out).put(4)
+        _Feed(1, out).extend([4])
         out.put_nowait(pb.AcceptReply(accepted=True, call=2))
         _Feed(3, out).finish(_end())
         down = _take(out)

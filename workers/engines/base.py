@@ -9,6 +9,10 @@ Contract (both the sim engine and the vLLM engine keep it):
   prefill side releases it; then ``decode`` yields the tokens at indices 1 … max_tokens − 1 as they are
   produced. ``generate`` (colocated) yields indices
   0 … max_tokens − 1. Iterators end after the last token; ``abort`` ends them early.
+* The worker takes them as ``generate_to`` and ``decode_to``: the same tokens, each engine step's handed to a
+  `TokenSink` where the engine has them (no task switch, no object per token), returning at the end. By
+  default these read the iterators; an engine whose one loop sees every request's step (vLLM's, `core`)
+  gives them their own, and its iterators read them.
 * ``usage()`` never blocks: capacity and usage in KV tokens, queue and running counts, recent tokens/s, and
   the prefix cache's counters (prompt tokens looked up, found).
 * The prefix cache (an engine's own: vLLM's automatic prefix caching, the sim engine's block cache) is
@@ -22,11 +26,20 @@ Contract (both the sim engine and the vLLM engine keep it):
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from tetri.loopqueue import LoopQueue
 from tetri.sampling import GREEDY, Sampling
+
+
+class TokenSink(Protocol):
+    """Where a request's tokens go, a step's at a time (a list is one)."""
+
+    def extend(self, tokens: list[int], /) -> None: ...
 
 
 class EngineError(RuntimeError):
@@ -116,6 +129,16 @@ class Engine(ABC):
     @abstractmethod
     def generate(self, req: EngineRequest) -> AsyncIterator[int]: ...
 
+    async def generate_to(self, req: EngineRequest, sink: TokenSink) -> None:
+        """`generate`, each step's tokens handed to `sink`; returns after the last."""
+        async for tok in self.generate(req):
+            sink.extend([tok])
+
+    async def decode_to(self, req: EngineRequest, first_token: int, sink: TokenSink) -> None:
+        """`decode`, each step's tokens handed to `sink`; returns after the last."""
+        async for tok in self.decode(req, first_token):
+            sink.extend([tok])
+
     @abstractmethod
     async def release_kv(self, request_id: str) -> None: ...
 
@@ -137,3 +160,31 @@ class Engine(ABC):
         """Prompt tokens of the request its prefill found in the prefix cache (None: not known); asked once,
         when the request's call here ends."""
         return None
+
+
+async def tokens_of(run: Callable[[TokenSink], Awaitable[None]]) -> AsyncIterator[int]:
+    """The tokens `run` hands its sink, as an iterator (for an engine whose `generate_to` is its own)."""
+    got: LoopQueue[list[int] | BaseException | None] = LoopQueue()
+
+    class _Sink:
+        def extend(self, tokens: list[int], /) -> None:
+            got.put_nowait(list(tokens))
+
+    async def drive() -> None:
+        try:
+            await run(_Sink())
+            got.put_nowait(None)
+        except BaseException as e:  # raised again where the iterator is read
+            got.put_nowait(e)
+
+    task = asyncio.ensure_future(drive())
+    try:
+        while (item := await got.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            for tok in item:
+                yield tok
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

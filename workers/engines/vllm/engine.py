@@ -22,7 +22,10 @@ vLLM's automatic prefix caching is on in every role (vLLM's default): a prompt w
 engine holds computes only the rest (`cached_tokens`: vLLM's ``num_cached_tokens`` of a colocated or
 prefill request). The engine publishes its KV events (``kv_events_config``, an IPC endpoint of this
 worker's); `kvevents` keeps a mirror of its cache in Tetri's block keys, which the worker reports to the
-control plane (`cache_keys`, `cache_delta`), and the stat logger counts its prefix-cache lookups and hits.
+control plane (`cache_keys`, `cache_delta`); its steps' statistics count the prefix cache's lookups and hits.
+
+Requests run through vLLM's engine core directly (`core`): one loop reads each step's outputs and hands
+every request's new tokens to its sink (`generate_to`, `decode_to`), without vLLM's output processor.
 
 ChunkSize is vLLM's ``max_num_batched_tokens`` (chunked prefill on), fixed when the engine starts.
 Sampling is the request's (`EngineRequest.sampling`: greedy unless the daemon says otherwise); a seeded
@@ -52,9 +55,19 @@ from tetri.scheduling.admission import Running, Waiting, admit, predicted_growth
 from tetri.scheduling.instance import is_heavy
 from tetri.scheduling.policyset import PolicySet
 from tetri.scheduling.prefill import FixedBatchPrefill, PrefillItem
-from workers.engines.base import Engine, EngineError, EngineRequest, EngineUsage, KVHandle, PrefillOutput
+from workers.engines.base import (
+    Engine,
+    EngineError,
+    EngineRequest,
+    EngineUsage,
+    KVHandle,
+    PrefillOutput,
+    TokenSink,
+    tokens_of,
+)
 
 from . import connectors, kvevents, plugin, seeded
+from .core import CoreEnd, CoreLoop, CoreStats
 from .kvmirror import KVMirror
 
 ROLES = ("prefill", "decode", "colocated")
@@ -115,47 +128,24 @@ class VllmOptions:
     engine_cpus: str | None = None
 
 
-class _Stats:
-    """A vLLM stat logger that keeps the latest KV usage and counts preemptions and prefix-cache lookups
-    (prompt tokens of new requests looked up, and found: vLLM's prefix_cache_queries and _hits). (Running
-    and waiting counts come from the engine's own bookkeeping: vLLM reports stats only when it runs a step.)"""
-
-    def __init__(self) -> None:
-        self.kv_cache_usage = 0.0
-        self.preemptions = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-
-    def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        stats = self
-
-        class Logger(StatLoggerBase):
-            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-                pass
-
-            def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
-                if scheduler_stats is not None:
-                    stats.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
-                    prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
-                    if prefix is not None:
-                        stats.prefix_queries += int(prefix.queries)
-                        stats.prefix_hits += int(prefix.hits)
-                if iteration_stats is not None:
-                    stats.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return Logger(vllm_config, engine_index)
-
-
 @dataclass
 class _Decode:
     req: EngineRequest
     produced: int = 0
     admitted: asyncio.Event | None = None
+
+
+class _Counted:
+    """A decode's sink, counting its tokens (its admission's "remaining")."""
+
+    __slots__ = ("d", "sink")
+
+    def __init__(self, sink: TokenSink, d: _Decode) -> None:
+        self.sink, self.d = sink, d
+
+    def extend(self, tokens: list[int], /) -> None:
+        self.d.produced += len(tokens)
+        self.sink.extend(tokens)
 
 
 class VllmEngine(Engine):
@@ -174,10 +164,11 @@ class VllmEngine(Engine):
         self.kv_capacity = 0
         self.block_size = options.block_size or 0
         self._llm: Any = None
+        self._core: CoreLoop | None = None  # reads the engine core's outputs (`core`)
         self._batched = options.chunk_size  # vLLM's max_num_batched_tokens (set when the engine starts)
         self._active = 0  # requests inside vLLM now (its own stats update only when it runs a step)
         self._stopped = False
-        self._stats = _Stats()
+        self._stats = CoreStats(on_tokens=self._count)
         self._prefill_queue = FixedBatchPrefill()
         self._prefill_waiters: dict[str, asyncio.Future[None]] = {}
         self._prefill_inflight: dict[str, int] = {}
@@ -265,11 +256,13 @@ class VllmEngine(Engine):
             if cpus:
                 os.sched_setaffinity(0, cpus)
             try:
-                return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.factory])
+                return AsyncLLM.from_engine_args(args)
             finally:
                 os.sched_setaffinity(0, saved)
 
         self._llm = await asyncio.to_thread(create)
+        self._core = CoreLoop(self._llm, self._stats)
+        await self._core.start()
         cfg = self._llm.vllm_config
         self.max_model_len = int(cfg.model_config.max_model_len)
         self.vocab_size = int(cfg.model_config.get_vocab_size())
@@ -282,7 +275,10 @@ class VllmEngine(Engine):
 
     async def stop(self) -> None:
         llm, self._llm = self._llm, None
+        core, self._core = self._core, None
         self._stopped = True
+        if core is not None:
+            await core.stop(f"engine {self.instance_id} stopped")
         await kvevents.stop(self._events_task, self._events)
         self._events_task, self._events = None, None
         for fut in self._prefill_waiters.values():
@@ -328,31 +324,23 @@ class VllmEngine(Engine):
                 raise EngineError(f"engine {self.instance_id} stopped")
             key = uuid.uuid4().hex  # this hand-over's own (HostKV: its file's name)
             sp = self._sampling(req, 1, connectors.prefill_params(self.options.connector, key), req.resumed_tokens)
-            first, out = None, None
-            self._active += 1
-            try:
-                prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
-                async for out in self._llm.generate(prompt, sp, req.request_id):
-                    self._note_cached(req.request_id, out)
-                    if out.outputs and out.outputs[0].token_ids:
-                        first = int(out.outputs[0].token_ids[0])
-            finally:
-                self._active -= 1
-            if first is None:
+            got: list[int] = []
+            end = await self._run(req, list(req.prompt_token_ids), sp, got)
+            self._note_cached(req.request_id, end.cached)
+            if not got:
                 raise EngineError(f"request {req.request_id}: vLLM returned no token")
+            first = got[0]
         finally:
             self._prefill_waiters.pop(req.request_id, None)
             self._prefill_queue.remove(req.request_id)
             self._prefill_inflight.pop(req.request_id, None)
             self._pump_prefill()
-        self._count(1)
         n = req.prompt_len  # the whole prompt's KV is handed over
         if self.options.connector == connectors.HOST_KV:
             self._lease(key)
             if not connectors.complete(self.options.kv_store, key):
                 n = 0  # the connector could not write it (it logs why): the decode side computes the prompt
-        produced = getattr(out, "kv_transfer_params", None)
-        params = connectors.handoff_params(self.options.connector, key, produced)
+        params = connectors.handoff_params(self.options.connector, key, end.kv_params)
         kv = KVHandle(req.request_id, n, n * self._kv_bytes_per_token(), self.instance_id, params)
         return PrefillOutput(first, kv)
 
@@ -405,7 +393,10 @@ class VllmEngine(Engine):
             await asyncio.sleep(delay)
             delay = min(0.05, delay * 2)
 
-    async def decode(self, req: EngineRequest, first_token: int) -> AsyncIterator[int]:
+    def decode(self, req: EngineRequest, first_token: int) -> AsyncIterator[int]:
+        return tokens_of(lambda sink: self.decode_to(req, first_token, sink))
+
+    async def decode_to(self, req: EngineRequest, first_token: int, sink: TokenSink) -> None:
         self._check_role("decode", "decode")
         d = _Decode(req, admitted=asyncio.Event())
         self._decodes[req.request_id] = d
@@ -422,26 +413,12 @@ class VllmEngine(Engine):
             params = connectors.decode_params(self._params.pop(req.request_id, {}))
             # the prefill engine sampled output token `resumed_tokens` (the first token here)
             sp = self._sampling(req, req.max_tokens - 1, params or None, req.resumed_tokens + 1)
-            seen = 0
-            cached: int | None = None
-            # NIXL: vLLM reports the prefill side's hits as a decode request's cached tokens; loaded unknown
-            host_kv = self.options.connector == connectors.HOST_KV
-            self._active += 1
-            try:
-                async for out in self._llm.generate({"prompt_token_ids": prompt}, sp, req.request_id):
-                    toks = out.outputs[0].token_ids if out.outputs else []
-                    if cached is None and out.num_cached_tokens is not None:
-                        cached = int(out.num_cached_tokens)  # its prefix cache's and the connector's
-                    if out.finished and cached is not None and host_kv:  # HostKV says how many were local
-                        local = (getattr(out, "kv_transfer_params", None) or {}).get(connectors.LOCAL, 0)
-                        self._loaded[req.request_id] = max(0, cached - int(local or 0))
-                    for t in toks[seen:]:
-                        d.produced += 1
-                        self._count(1)
-                        yield int(t)
-                    seen = len(toks)
-            finally:
-                self._active -= 1
+            end = await self._run(req, prompt, sp, _Counted(sink, d))
+            # vLLM's cached tokens of a decode: its prefix cache's and the connector's; HostKV says how many
+            # were local (NIXL: the prefill side's hits; loaded unknown)
+            if end.cached is not None and self.options.connector == connectors.HOST_KV:
+                local = (end.kv_params or {}).get(connectors.LOCAL, 0)
+                self._loaded[req.request_id] = max(0, end.cached - int(local or 0))
         finally:
             self._decodes.pop(req.request_id, None)
             self._params.pop(req.request_id, None)
@@ -488,10 +465,10 @@ class VllmEngine(Engine):
     def _remaining(d: _Decode, point: str) -> int:
         return remaining(d.req.predicted_output, d.req.max_tokens, 1 + d.produced, point)
 
-    def _note_cached(self, request_id: str, out: Any) -> None:
+    def _note_cached(self, request_id: str, cached: int | None) -> None:
         """vLLM's count of the prompt tokens it did not compute (its prefix cache's: no connector loads here)."""
-        if request_id not in self._cached and out.num_cached_tokens is not None:
-            self._cached[request_id] = int(out.num_cached_tokens)
+        if request_id not in self._cached and cached is not None:
+            self._cached[request_id] = cached
             if len(self._cached) > 65_536:  # asked by no one
                 del self._cached[next(iter(self._cached))]
 
@@ -509,24 +486,30 @@ class VllmEngine(Engine):
         return self._loaded.pop(request_id, None)
 
     # --- colocated -------------------------------------------------------------------------------------
-    async def generate(self, req: EngineRequest) -> AsyncIterator[int]:
+    def generate(self, req: EngineRequest) -> AsyncIterator[int]:
+        return tokens_of(lambda sink: self.generate_to(req, sink))
+
+    async def generate_to(self, req: EngineRequest, sink: TokenSink) -> None:
         self._check_role("generate", "colocated")
         self._validate(req)
-        seen = 0
         sp = self._sampling(req, req.max_tokens, None, req.resumed_tokens)
+        end = await self._run(req, list(req.prompt_token_ids), sp, sink, self._priority(req))
+        self._note_cached(req.request_id, end.cached)
+
+    async def _run(self, req: EngineRequest, prompt: list[int], sp: Any, sink: TokenSink, priority: int = 0) -> CoreEnd:
+        """One request through vLLM's engine core (`core`); an end other than stop or length is an EngineError."""
+        if self._core is None:
+            raise EngineError(f"engine {self.instance_id} is not running")
         self._active += 1
         try:
-            prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
-            priority = self._priority(req)
-            async for out in self._llm.generate(prompt, sp, req.request_id, priority=priority):
-                self._note_cached(req.request_id, out)
-                toks = out.outputs[0].token_ids if out.outputs else []
-                for t in toks[seen:]:
-                    self._count(1)
-                    yield int(t)
-                seen = len(toks)
+            end = await self._core.run(req.request_id, prompt, sp, sink, priority)
         finally:
             self._active -= 1
+        if end.reason == "abort":
+            raise EngineError("aborted")
+        if end.reason == "error":
+            raise EngineError(f"request {req.request_id}: vLLM ended it with an error")
+        return end
 
     def _priority(self, req: EngineRequest) -> int:
         """vLLM's priority for a colocated request (lower first): srpt's key in hundredths, when vLLM runs
@@ -554,8 +537,8 @@ class VllmEngine(Engine):
         self._cached.pop(request_id, None)
         if request_id in self._plan:
             self._plan.remove(request_id)
-        if self._llm is not None:
-            await self._llm.abort(request_id)
+        if self._core is not None:
+            await self._core.abort(request_id)
 
     def usage(self) -> EngineUsage:
         now = time.monotonic()
