@@ -18,7 +18,8 @@ Rows, in order:
   * without --no-vllm: the vLLM worker process (vLLM's CPU build, a tiny random Llama; engine core excluded)
     beside plain vLLM's API-server process (`python -m vllm.entrypoints.openai.api_server`, the same engine
     options), at 1 stream (sequential requests) and at `--concurrency` streams (all at once), and their ratio
-    (target ≤ 0.5×). Per process: its own CPU, without its children (the engine core).
+    (target ≤ 0.5×). Per process: its own CPU, without its children (the engine core), less its idle rate
+    (measured for 3 s before the batches) over each batch's wall time, as for the control plane.
 
 The measured step spacing is printed beside each row: (the long batch's wall time × concurrency) / tokens.
 """
@@ -48,6 +49,7 @@ from tetri.costmodel import CostModel, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = "llama3-8b-h100"
+IDLE_S = 3.0
 
 
 def floor_rows(kind: str, args: argparse.Namespace) -> tuple[float, float, float]:
@@ -114,16 +116,22 @@ def vllm_rows(args: argparse.Namespace) -> dict[tuple[str, int], tuple[float, fl
             start = vsb.vllm_server(model, root) if system == "vllm" else vsb.tetri(system, model, root)
             print(f"{vsb.LABEL[system]}: starting", file=sys.stderr, flush=True)
             with start as (url, pids):
+                asyncio.run(vsb.run_pattern(url, vsb.probe(4, args.seed + 1, 16), None, pids))  # warm-up
+                before = {k: vsb.own_cpu(p) for k, p in pids.items()}
+                time.sleep(IDLE_S)  # the idle rate (load reports, health checks), taken off each batch
+                idle = {k: (vsb.own_cpu(p) - before[k]) / IDLE_S for k, p in pids.items()}
                 for streams in (1, args.concurrency):
                     per: list[dict[str, float]] = []
                     for tokens in (floor.SHORT, floor.LONG):
                         reqs = vsb.probe(n if streams == 1 else streams, args.seed, tokens)
                         times = None if streams == 1 else [0.0] * len(reqs)
+                        t0 = time.perf_counter()
                         got, cpu = asyncio.run(vsb.run_pattern(url, reqs, times, pids))
+                        wall = time.perf_counter() - t0
                         bad = [r.error for r in got if r.error]
                         if bad:
                             raise RuntimeError(f"{system}: {len(bad)} requests failed: {bad[0]}")
-                        per.append({k: v / len(reqs) for k, v in cpu.items()})
+                        per.append({k: (v - idle[k] * wall) / len(reqs) for k, v in cpu.items()})
                     for proc in per[0]:
                         a, b = floor.fit(per[0][proc], per[1][proc])
                         out[(f"{vsb.LABEL[system]}: {proc}", streams)] = (a * 1e6, b * 1e6)

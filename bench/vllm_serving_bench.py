@@ -32,6 +32,9 @@ Beside the latencies, the CPU seconds of each system's serving processes over ea
 excluded), per request and per output token: vLLM's API server process, and Tetri's daemon and worker
 processes — each process's own CPU (utime + stime of all its threads), without its children: vLLM's engine
 core runs in a child process of the API server, as of each Tetri vLLM worker, and is not counted.
+
+Token identity: each Tetri system's output ids are compared, request by request, with plain vLLM's for the
+same round and pattern (greedy: they should be the same tokens); the count of identical answers is printed.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -162,7 +162,7 @@ class Engine(ABC):
         return None
 
 
-async def tokens_of(run: Callable[[TokenSink], Awaitable[None]]) -> AsyncIterator[int]:
+async def tokens_of(run: Callable[[TokenSink], Awaitable[None]]) -> AsyncGenerator[int, None]:
     """The tokens `run` hands its sink, as an iterator (for an engine whose `generate_to` is its own)."""
     got: LoopQueue[list[int] | BaseException | None] = LoopQueue()
 
