@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from daemon.api.sse import send_now
+from daemon.api.sse import StreamSend, send_now
 from daemon.front.openai import _Frames, _Job, _Stream
 
 
@@ -23,6 +23,8 @@ class Socket:
         self.fail: Exception | None = None
 
     async def send(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "http.response.start":
+            return
         await_needed = not self.writable.is_set()
         if await_needed:
             await self.writable.wait()
@@ -37,7 +39,8 @@ def _stream(sock: Socket, interval: int = 1, with_ids: bool = False) -> _Stream:
     async def serve(**_: Any) -> Any:
         raise AssertionError
 
-    return _Stream(_Frames(_Job("r", "m", 1, 0, serve, False, with_ids), chat=False), sock.send, interval)
+    job = _Job("r", "m", 1, 0, serve, False, with_ids)
+    return _Stream(_Frames(job, chat=False), StreamSend(sock.send, []), interval)  # not uvicorn: no write_now
 
 
 def test_a_send_that_need_not_wait_is_done_at_once() -> None:

@@ -11,6 +11,13 @@ piece, which goes out with the end of the response (one write instead of two).
 from the Serve stream's reader, with no task switch): an ASGI server's `send` waits only while the client's
 socket buffer is full (uvicorn's flow control), so it almost always completes at once; when it does wait,
 a task finishes it.
+
+`StreamSend.write_now` goes one step further where the server is uvicorn's httptools one: a body chunk
+of a started chunked response goes straight to the connection's transport (the chunk's framing and one
+`transport.write`, what uvicorn's `send` ends in), without the message dict, the coroutine and uvicorn's
+checks around it — unless the socket is paused for a slow client, when the chunk goes through `send`
+(which waits for it). Any other server, or a uvicorn whose connection lacks what this reads, gets `send`
+for every chunk. (bench/relay_cost.py, docs/cluster.md.)
 """
 
 from __future__ import annotations
@@ -23,6 +30,44 @@ from typing import Any
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
+
+
+class StreamSend:
+    """An event stream's `send`: the server's, the response started (200, its headers) with the first
+    message; and `write_now`, a body chunk written at once where the server allows it."""
+
+    __slots__ = ("_cycle", "_headers", "_send", "started")
+
+    def __init__(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+        self._send = send
+        self._headers = headers
+        self.started = False
+        cycle = getattr(send, "__self__", None)  # uvicorn's send is its connection cycle's bound method
+        ok = type(cycle).__module__ == "uvicorn.protocols.http.httptools_impl" and all(
+            hasattr(cycle, a) for a in ("transport", "flow", "chunked_encoding", "disconnected", "response_complete")
+        )
+        self._cycle: Any = cycle if ok else None
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if self.started:
+            return self._send(message)
+        self.started = True
+        return self._start_then(message)
+
+    async def _start_then(self, message: Message) -> None:
+        await self._send({"type": "http.response.start", "status": 200, "headers": self._headers})
+        await self._send(message)
+
+    def write_now(self, data: bytes) -> bool:
+        """Write a body chunk (more to come) straight to the connection: True when done (or dropped: the
+        client is gone, as uvicorn's `send` drops it); False when it must go through `send` instead (not
+        uvicorn's httptools server, the response not started, the socket paused for a slow client)."""
+        c = self._cycle
+        if c is None or c.chunked_encoding is not True or c.response_complete or c.flow.write_paused:
+            return False
+        if not c.disconnected:
+            c.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        return True
 
 
 def send_now(send: Send, message: Message) -> asyncio.Future[None] | None:
@@ -67,7 +112,7 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: Callable[[Send], Awaitable[bytes | Response]]) -> None:
+    def __init__(self, body: Callable[[StreamSend], Awaitable[bytes | Response]]) -> None:
         self.body_writer = body
         self.status_code = 200
         self.background: BackgroundTask | None = None
@@ -86,26 +131,14 @@ class EventStream(Response):
             task.cancel()
 
         watcher = asyncio.create_task(watch())
-        started = False
-
-        async def start_then(message: Message) -> None:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            await send(message)
-
-        def lazy(message: Message) -> Awaitable[None]:
-            nonlocal started
-            if started:
-                return send(message)
-            started = True
-            return start_then(message)
-
+        out = StreamSend(send, self.raw_headers)
         try:
-            last = await self.body_writer(lazy)
+            last = await self.body_writer(out)
             if isinstance(last, Response):
-                assert not started, "a stream that has begun cannot answer otherwise"
+                assert not out.started, "a stream that has begun cannot answer otherwise"
                 await last(scope, receive, send)
             else:
-                await lazy({"type": "http.response.body", "body": last, "more_body": False})
+                await out({"type": "http.response.body", "body": last, "more_body": False})
         except asyncio.CancelledError:
             if not gone or task.uncancel() > 0:  # cancelled for another reason than the client leaving
                 raise

@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Send
 
 from tetri.sampling import Sampling
 
@@ -38,7 +37,7 @@ from ..api.schemas import (
     store_refused,
     usage,
 )
-from ..api.sse import EventStream, send_now
+from ..api.sse import EventStream, StreamSend, send_now
 from ..db.models import Status
 from ..inflight import new_request_id
 from ..served import ServedModels
@@ -426,9 +425,10 @@ class _Stream:
     frame goes at once and then one frame per N tokens, carrying them all; what is held at the end goes
     with the response's end (`take`). The text is the same, in fewer events and socket writes."""
 
-    def __init__(self, frames: _Frames, send: Send, interval: int = 1) -> None:
+    def __init__(self, frames: _Frames, send: StreamSend, interval: int = 1) -> None:
         self.frames = frames
         self.send = send
+        self.write_now = send.write_now
         self.buffer = b""  # frames behind a send that waits
         self.waiting: asyncio.Future[None] | None = None
         self.failed: BaseException | None = None
@@ -460,6 +460,8 @@ class _Stream:
 
     def _send(self, data: bytes) -> None:
         self.sent = True
+        if self.write_now(data):  # straight to the connection (`StreamSend.write_now`)
+            return
         try:
             self.waiting = send_now(self.send, {"type": "http.response.body", "body": data, "more_body": True})
         except Exception as e:  # the request's task raises it (`flush`): the Serve stream's reader goes on
@@ -495,11 +497,11 @@ class _Stream:
         return data
 
 
-def _sse(job: _Job, chat: bool, interval: int) -> Callable[[Send], Awaitable[bytes | Response]]:
+def _sse(job: _Job, chat: bool, interval: int) -> Callable[[StreamSend], Awaitable[bytes | Response]]:
     """The stream's body: the request served with its frames written as they come; returns its last piece
     (what is buffered, the finishing chunk, the usage, `[DONE]`), which goes out with the response's end."""
 
-    async def body(send: Send) -> bytes | Response:
+    async def body(send: StreamSend) -> bytes | Response:
         out = _Stream(_Frames(job, chat), send, interval)
         if chat:  # the first chunk names the role, as OpenAI's and vLLM's do (it goes with the first tokens)
             out.prefix = sse_data(
