@@ -9,8 +9,8 @@ records Prometheus metrics. Tetri's worker takes none of that. `AsyncLLM` still 
 processes, the input processor), and its output loop is never started: it starts on the first request
 added through it, and none is.
 
-The worker process's CPU per token, before and after: docs/vllm.md ("The vLLM worker's own cost",
-bench/relay_cost.py).
+The worker process's CPU per token beside plain vLLM's API server, before and after: docs/vllm.md ("The
+relay at its floor", bench/relay_cost.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 from workers.engines.base import EngineError, TokenSink
 
 log = logging.getLogger(__name__)
-REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason, by value
 PREEMPTED = 3  # vLLM's EngineCoreEventType.PREEMPTED
 
 
@@ -32,7 +31,7 @@ PREEMPTED = 3  # vLLM's EngineCoreEventType.PREEMPTED
 class CoreEnd:
     """How a request ended in the engine core."""
 
-    reason: str  # stop | length | abort | error | repetition (vLLM's FinishReason)
+    reason: str  # vLLM's FinishReason as its string: stop | length | abort | error | repetition
     kv_params: dict[str, Any] | None  # the KV connector's transfer parameters (a prefill's, a decode's)
     cached: int | None  # prompt tokens the engine did not compute (its prefix cache's, a connector's)
 
@@ -104,6 +103,8 @@ class CoreLoop:
         self._ids[rid] = vid
         try:
             await self._core.add_request_async(req)
+            if done.done() and vid not in self._reqs:  # aborted while it was being added: the core drops it
+                await self._core.abort_requests_async([vid])
             return await done
         except asyncio.CancelledError:
             if vid in self._reqs:
@@ -136,6 +137,7 @@ class CoreLoop:
                 self._fail(f"vLLM's engine core failed: {type(e).__name__}: {e}")
                 return
             made = 0
+            failed: list[str] = []
             for o in outs.outputs:
                 r = reqs.get(o.request_id)
                 if r is None:  # aborted meanwhile
@@ -145,13 +147,25 @@ class CoreLoop:
                     r.cached = int(o.prefill_stats.num_cached_tokens)
                 if o.events:
                     stats.preemptions += sum(1 for ev in o.events if ev.type == PREEMPTED)
-                if toks:
-                    made += len(toks)
-                    r.sink.extend(toks)
-                if o.finish_reason is not None:
+                try:
+                    if toks:
+                        made += len(toks)
+                        r.sink.extend(toks)
+                    why = o.finish_reason
+                    end = None if why is None else CoreEnd(str(why), o.kv_transfer_params, r.cached)
+                except Exception as e:  # a fault here ends this request alone: the loop serves every request
+                    log.exception("request %s: its output failed", o.request_id)
+                    del reqs[o.request_id]
+                    failed.append(o.request_id)
+                    if not r.done.done():
+                        r.done.set_exception(EngineError(f"the worker failed on this request's output: {e}"))
+                    continue
+                if end is not None:
                     del reqs[o.request_id]
                     if not r.done.done():
-                        r.done.set_result(CoreEnd(REASONS[int(o.finish_reason)], o.kv_transfer_params, r.cached))
+                        r.done.set_result(end)
+            if failed:  # the core stops them
+                await self._core.abort_requests_async(failed)
             if made:
                 stats.on_tokens(made)
             s = outs.scheduler_stats
