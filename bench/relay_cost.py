@@ -36,7 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -54,29 +53,16 @@ IDLE_S = 3.0
 
 def floor_rows(kind: str, args: argparse.Namespace) -> tuple[float, float, float]:
     """(µs per request, µs per token, measured step ms) of one floor server."""
-    port = floor.free_port()
-    proc = floor.start(floor.HTTP_SERVER, kind, str(port), str(args.step_ms))
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(url + "/", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with floor.http_server(kind, args.step_ms) as (url, pid):
         asyncio.run(floor.http_batch(url, 50, floor.SHORT, args.concurrency))  # warm-up
-        per = []
-        walls = []
+        per, walls = [], []
         for tokens in (floor.SHORT, floor.LONG):
-            s0, t0 = floor.cpu_seconds(proc.pid), time.perf_counter()
+            s0, t0 = floor.cpu_seconds(pid), time.perf_counter()
             asyncio.run(floor.http_batch(url, args.requests, tokens, args.concurrency))
             walls.append(time.perf_counter() - t0)
-            per.append((floor.cpu_seconds(proc.pid) - s0) / args.requests)
-        a, b = floor.fit(*per)
-        return a * 1e6, b * 1e6, walls[1] * args.concurrency / (args.requests * floor.LONG) * 1e3
-    finally:
-        proc.terminate()
-        proc.wait()
+            per.append((floor.cpu_seconds(pid) - s0) / args.requests)
+    a, b = floor.fit(*per)
+    return a * 1e6, b * 1e6, walls[1] * args.concurrency / (args.requests * floor.LONG) * 1e3
 
 
 def sim_time_scale(args: argparse.Namespace) -> float:

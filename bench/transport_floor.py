@@ -31,7 +31,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,25 @@ def start(code: str, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code, *args], env=env)
 
 
+@contextmanager
+def http_server(kind: str, step_ms: float) -> Iterator[tuple[str, int]]:
+    """One of HTTP_SERVER's servers, started and answering: (its URL, its pid); stopped after."""
+    port = free_port()
+    proc = start(HTTP_SERVER, kind, str(port), str(step_ms))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                httpx.get(url + "/", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def fit(short: float, long: float) -> tuple[float, float]:
     """a + b × SHORT = short, a + b × LONG = long (CPU seconds per request)."""
     b = (long - short) / (LONG - SHORT)
@@ -379,23 +399,11 @@ def main() -> None:
     for col in ("transport", "variant", "server µs / req", "server µs / token", "client µs / req", "client µs / token"):
         t.add_column(col, justify="left" if col in ("transport", "variant") else "right")
     for kind in ("fastapi-streaming", "fastapi-eventstream", "raw-asgi", "raw-socket"):
-        port = free_port()
-        proc = start(HTTP_SERVER, kind, str(port), str(args.step_ms))
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(100):
-                try:
-                    httpx.get(url + "/", timeout=1)
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+        with http_server(kind, args.step_ms) as (url, pid):
             asyncio.run(http_batch(url, 50, SHORT, conc))  # warm-up
             http_run: Batch = partial(http_batch, url, n, concurrency=conc)
-            (sa, sb), _ = measure(http_run, proc.pid, n)
+            (sa, sb), _ = measure(http_run, pid, n)
             t.add_row("HTTP + SSE", kind, f"{sa:,.0f}", f"{sb:.1f}", "", "")
-        finally:
-            proc.terminate()
-            proc.wait()
     if args.only_http:
         Console(width=140).print(t)
         return

