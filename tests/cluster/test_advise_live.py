@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tetri.des.advise import AdviceSpec, offered_rate, outcome, setup_config
-from tetri.des.cluster import simulate
+from tetri.des.advise import AdviceSpec, expected_outcome, offered_rate, outcome
 from tetri.des.mixes import make_mix
 from tetri.des.slo import parse_slos
 from tetri.des.trace import read_trace
@@ -84,8 +83,15 @@ def test_past_vllm_v1s_capacity_the_advised_colocated_policies_get_the_predicted
 
     The advice sorts by lengths from an oracle right 74.9% of the time, which draws its mistakes per request
     id: the rerun keeps ids of its own, and the prediction it is held to is the simulator's for those ids
-    (the advice's figure is one draw of those mistakes; docs/bench.md gives their spread)."""
+    (the advice's figure is one draw of those mistakes; docs/bench.md gives their spread).
+
+    At this point the goodput is also a draw of the arrival times: moving them by up to a wall millisecond
+    (0.2 ms of model time; the control plane's own latency is of that order) moves the advice's goodput
+    from −6% to +9% of its mean and vllm-v1's up to +17% (docs/bench.md), so one simulated figure against
+    one live run fails now and then, either way. The win and the live run are held to the simulator's mean over moved
+    arrivals (`expected_outcome`)."""
     chat_scale = 0.2
+    jitter = 1e-3 * chat_scale  # a wall millisecond, in model seconds
     c = start_cluster(tmp_path, ["colocated"] * 4, mode="colocated", profile=PROFILE, time_scale=chat_scale)
     slo = "ttft=0.5,tpot=0.05"
     try:
@@ -103,8 +109,10 @@ def test_past_vllm_v1s_capacity_the_advised_colocated_policies_get_the_predicted
         doc = json.loads(r.stdout)
         advice = doc["advice"]
         assert advice["mode"] == "colocated" and advice["policies"]["ttft_target_s"] == 0.5
-        base = doc["baselines"]["vllm-v1"]["outcome"]["goodput_rps"]
-        assert advice["outcome"]["goodput_rps"] >= 1.3 * base  # the matrix's win, on this history
+        spec = AdviceSpec(profile=PROFILE, gpus=4, slo=parse_slos([slo]))
+        base = expected_outcome(trace, spec, {"mode": "colocated"} | doc["baselines"]["vllm-v1"], jitter)
+        win = expected_outcome(trace, spec, advice, jitter)
+        assert win["goodput_rps"] >= 1.3 * base["goodput_rps"]  # the matrix's win, on this history
         with httpx.Client(base_url=c.url, timeout=10) as h:
             policies = h.get("/api/v1/policies").json()["policies"]
         assert all(policies[k] == advice["policies"][k] for k in doc["applied"]["changed"])
@@ -112,11 +120,10 @@ def test_past_vllm_v1s_capacity_the_advised_colocated_policies_get_the_predicted
         result = replay_on(c.url, again, chat_scale, 4, keep_ids=True)
     finally:
         c.stop()
-    spec = AdviceSpec(profile=PROFILE, gpus=4, slo=parse_slos([slo]))
-    predicted = outcome(simulate(again, setup_config(spec, advice)), spec.slo, spec.price, offered_rate(trace))
+    predicted = expected_outcome(again, spec, advice, jitter)
     live = outcome(result, spec.slo, spec.price, offered_rate(trace))
     assert live["goodput_rps"] == pytest.approx(predicted["goodput_rps"], rel=0.10)
-    # the rejections sit on the TTFT deadline, where the control plane's own latency (unmodelled; 5 ms of
-    # model time a wall ms at this scale, and a client-chosen id adds a status-table lookup) moves them:
-    # 55 live against 71 simulated in one full-suite run, the goodput within 10% all the same
+    # the rejections sit on the TTFT deadline, where the control plane's own latency (unmodelled; a client-
+    # chosen id adds a status-table lookup) moves them: 55 live against 71 simulated (one draw) in one
+    # full-suite run, the goodput within 10% all the same
     assert live["rejected"] == pytest.approx(predicted["rejected"], abs=0.1 * len(trace))

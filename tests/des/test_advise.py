@@ -10,10 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from tetri.des.advise import AdviceSpec, advise, offered_rate
+from tetri.des.advise import AdviceSpec, advise, expected_outcome, jittered, offered_rate, outcome, setup_config
+from tetri.des.cluster import simulate
 from tetri.des.slo import parse_slos
 from tetri.des.trace import read_trace, rows_to_trace
 from tetri.des.workloads import WorkloadSpecError, make_workload
+from tetri.scheduling.policyset import PolicySet
 
 TIGHT = parse_slos(["ttft=0.2,tpot=0.015"])
 H100 = "llama3-8b-h100"  # the expectations below were made on it (8K context; TIGHT is within its reach)
@@ -154,3 +156,37 @@ def test_rejecting_is_tried_only_when_asked() -> None:
     for bad in ((), ("drop",)):
         with pytest.raises(WorkloadSpecError, match="--ttft-miss"):
             AdviceSpec(ttft_misses=bad)
+
+
+def test_jittered_moves_each_arrival_within_its_bound_the_same_way_for_a_seed() -> None:
+    reqs = make_workload("Mixed", 64, seed=2, rate=100.0, max_model_len=8192)
+    a, b, c = jittered(reqs, 1e-3, 0), jittered(reqs, 1e-3, 0), jittered(reqs, 1e-3, 1)
+    assert a == b and a != c  # a draw per seed
+    by_id = {r.request_id: r for r in reqs}
+    assert sorted(r.request_id for r in a) == sorted(by_id)
+    assert all(abs(r.arrival - by_id[r.request_id].arrival) <= 1e-3 and r.arrival >= 0 for r in a)
+    assert [r.arrival for r in a] == sorted(r.arrival for r in a)
+    assert {dataclasses.replace(r, arrival=0.0) for r in a} == {dataclasses.replace(r, arrival=0.0) for r in reqs}
+
+
+def test_the_expected_outcome_is_the_mean_of_its_draws() -> None:
+    reqs = make_workload("Mixed", 64, seed=2, rate=150.0, max_model_len=8192)
+    spec = AdviceSpec(profile=H100, gpus=2, slo=TIGHT)
+    setup = {"mode": "colocated", "policies": PolicySet(colocated_schedule="vllm-v1").to_dict()}
+    rate = offered_rate(reqs)
+    draws = [
+        outcome(simulate(jittered(reqs, 2e-3, k), setup_config(spec, setup)), spec.slo, spec.price, rate)
+        for k in range(3)
+    ]
+    got = expected_outcome(reqs, spec, setup, 2e-3, draws=3)
+    assert got["goodput_rps"] == pytest.approx(np.mean([d["goodput_rps"] for d in draws]), rel=1e-12)
+    assert got["rejected"] == pytest.approx(np.mean([d["rejected"] for d in draws]), rel=1e-12)
+    assert (got["goodput_min"], got["goodput_max"]) == (
+        min(d["goodput_rps"] for d in draws),
+        max(d["goodput_rps"] for d in draws),
+    )
+    # with no move every draw is the plain run
+    plain = outcome(simulate(reqs, setup_config(spec, setup)), spec.slo, spec.price, rate)
+    assert expected_outcome(reqs, spec, setup, 0.0, draws=2)["goodput_rps"] == pytest.approx(plain["goodput_rps"])
+    with pytest.raises(ValueError, match="draws"):
+        expected_outcome(reqs, spec, setup, 0.0, draws=0)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -174,6 +174,38 @@ def setup_config(spec: AdviceSpec, setup: dict[str, Any]) -> ClusterConfig:
         policy=pol,
         seed=spec.seed,
     )
+
+
+def jittered(requests: Sequence[Request], jitter_s: float, seed: int) -> list[Request]:
+    """`requests` with each arrival moved by up to ±`jitter_s` (uniform, from `seed`; none before 0), in
+    arrival order."""
+    moves = np.random.default_rng(seed).uniform(-jitter_s, jitter_s, len(requests))
+    moved = [replace(r, arrival=max(0.0, r.arrival + float(d))) for r, d in zip(requests, moves, strict=True)]
+    return sorted(moved, key=lambda r: r.arrival)
+
+
+def expected_outcome(
+    requests: Sequence[Request],
+    spec: AdviceSpec,
+    setup: dict[str, Any],
+    jitter_s: float,
+    draws: int = 16,
+    runner: Runner = simulate,
+) -> dict[str, Any]:
+    """`setup`'s outcome on `requests` (rated at their own offered rate) as the mean over `draws` runs, each
+    with the arrivals moved by up to ±`jitter_s` (`jittered`, seeds 0 … draws − 1); `goodput_min` and
+    `goodput_max` say how far the draws went. Past capacity, with requests turned away at a TTFT target, a
+    move far below a millisecond changes which requests miss it, and the goodput by several percent either
+    way (docs/bench.md): one run's figure is one draw of that, and a live run on the same trace is another,
+    which is held to the mean."""
+    if draws < 1:
+        raise ValueError("draws must be at least 1")
+    rate = offered_rate(requests)
+    config = setup_config(spec, setup)
+    runs = [outcome(runner(jittered(requests, jitter_s, k), config), spec.slo, spec.price, rate) for k in range(draws)]
+    mean = {key: float(np.mean([o[key] for o in runs])) for key in runs[0]}
+    goodputs = [o["goodput_rps"] for o in runs]
+    return mean | {"goodput_min": min(goodputs), "goodput_max": max(goodputs), "draws": draws}
 
 
 EVEN = 0.01  # goodputs within 1% of each other count as equal: the lower mean JCT decides
