@@ -19,7 +19,10 @@ Rows, in order:
     beside plain vLLM's API-server process (`python -m vllm.entrypoints.openai.api_server`, the same engine
     options), at 1 stream (sequential requests) and at `--concurrency` streams (all at once), and their ratio
     (target ≤ 0.5×). Per process: its own CPU, without its children (the engine core), less its idle rate
-    (measured for 3 s before the batches) over each batch's wall time, as for the control plane.
+    (measured for 3 s before the batches) over each batch's wall time, as for the control plane. Beside
+    them, the same engine driven in a process of its own with no gRPC (bench/vllm_engine_alone.py): what
+    reading vLLM's engine core costs before any transport, so the worker's row less this one is its gRPC
+    stream and its feed.
 
 The measured step spacing is printed beside each row: (the long batch's wall time × concurrency) / tokens.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -47,6 +51,8 @@ import vllm_serving_bench as vsb
 from tetri.costmodel import CostModel, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ALONE = "Tetri's vLLM engine alone, no gRPC (vllm_engine_alone.py)"
 PROFILE = "llama3-8b-h100"
 IDLE_S = 3.0
 
@@ -121,6 +127,14 @@ def vllm_rows(args: argparse.Namespace) -> dict[tuple[str, int], tuple[float, fl
                     for proc in per[0]:
                         a, b = floor.fit(per[0][proc], per[1][proc])
                         out[(f"{vsb.LABEL[system]}: {proc}", streams)] = (a * 1e6, b * 1e6)
+        print(f"{ALONE}: starting", file=sys.stderr, flush=True)
+        alone = subprocess.run(
+            [sys.executable, str(HERE / "vllm_engine_alone.py"), str(model), "--requests", str(n),
+             "--concurrency", str(args.concurrency), "--seed", str(args.seed)],
+            check=True, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        for streams, (a, b) in json.loads(alone.stdout.strip().splitlines()[-1]).items():
+            out[(ALONE, int(streams))] = (a, b)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -176,8 +190,9 @@ def main() -> None:
             base = v[(f"{vsb.LABEL['vllm']}: API server", streams)][1]
             for (proc, s), (a, b) in v.items():
                 if s == streams:
-                    mine = not proc.startswith(vsb.LABEL["vllm"])
+                    mine = proc.startswith(vsb.LABEL["colocated"])  # the worker: the target's row
                     ratio = f"[{'green' if b / base <= 0.5 else 'red'}]{b / base:.2f}×[/]" if mine else ""
+                    ratio = f"{b / base:.2f}×" if proc == ALONE else ratio
                     w.add_row(str(streams), proc, f"{a:,.0f}", f"{b:.1f}", ratio)
             w.add_section()
         Console(width=170).print(w)
