@@ -22,7 +22,9 @@ Rows, in order:
     (measured for 3 s before the batches) over each batch's wall time, as for the control plane. Beside
     them, the same engine driven in a process of its own with no gRPC (bench/vllm_engine_alone.py): what
     reading vLLM's engine core costs before any transport, so the worker's row less this one is its gRPC
-    stream and its feed.
+    stream and its feed; and gRPC's own floor at the worker's measured step spacing (bench/grpc_floor.py: a
+    grpc.aio server answering one stream with a message a step, carrying a token of each call, beside the
+    same process waking at those steps with nothing to send).
 
 The measured step spacing is printed beside each row: (the long batch's wall time × concurrency) / tokens.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -53,6 +56,8 @@ from tetri.costmodel import CostModel, load_profile
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 ALONE = "Tetri's vLLM engine alone, no gRPC (vllm_engine_alone.py)"
+GRPC = "floor: grpc.aio stream, a message a step (grpc_floor.py)"
+WAKE = "floor: the same process's wake alone, no gRPC"
 PROFILE = "llama3-8b-h100"
 IDLE_S = 3.0
 
@@ -103,6 +108,7 @@ def vllm_rows(args: argparse.Namespace) -> dict[tuple[str, int], tuple[float, fl
                    capture_output=True, cwd=ROOT)  # fmt: skip
     out: dict[tuple[str, int], tuple[float, float]] = {}
     n = args.vllm_requests
+    spacing: dict[int, float] = {}  # streams → the worker's step spacing (s), its long batch's wall / tokens a stream
     try:
         for system in ("vllm", "colocated"):
             start = vsb.vllm_server(model, root) if system == "vllm" else vsb.tetri(system, model, root)
@@ -124,6 +130,8 @@ def vllm_rows(args: argparse.Namespace) -> dict[tuple[str, int], tuple[float, fl
                         if bad:
                             raise RuntimeError(f"{system}: {len(bad)} requests failed: {bad[0]}")
                         per.append({k: (v - idle[k] * wall) / len(reqs) for k, v in cpu.items()})
+                        if system == "colocated" and tokens == floor.LONG:
+                            spacing[streams] = wall / (tokens * (n if streams == 1 else 1))
                     for proc in per[0]:
                         a, b = floor.fit(per[0][proc], per[1][proc])
                         out[(f"{vsb.LABEL[system]}: {proc}", streams)] = (a * 1e6, b * 1e6)
@@ -135,6 +143,14 @@ def vllm_rows(args: argparse.Namespace) -> dict[tuple[str, int], tuple[float, fl
         )  # fmt: skip
         for streams, (a, b) in json.loads(alone.stdout.strip().splitlines()[-1]).items():
             out[(ALONE, int(streams))] = (a, b)
+        for streams, step in spacing.items():  # gRPC's own floor at the worker's spacing: a message a step
+            print(f"{GRPC}: {streams} call(s), steps {step * 1e3:.1f} ms apart", file=sys.stderr, flush=True)
+            cmd = [sys.executable, str(HERE / "grpc_floor.py"), "--json", "--calls", str(streams)]
+            cmd += ["--step-ms", f"{step * 1e3:.3f}", "--steps", str(max(300, int(3 / step)))]
+            floor_run = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            got = json.loads(floor_run.stdout.strip().splitlines()[-1])
+            out[(GRPC, streams)] = (math.nan, got["grpc"] / streams)
+            out[(WAKE, streams)] = (math.nan, got["wake"] / streams)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -192,8 +208,8 @@ def main() -> None:
                 if s == streams:
                     mine = proc.startswith(vsb.LABEL["colocated"])  # the worker: the target's row
                     ratio = f"[{'green' if b / base <= 0.5 else 'red'}]{b / base:.2f}×[/]" if mine else ""
-                    ratio = f"{b / base:.2f}×" if proc == ALONE else ratio
-                    w.add_row(str(streams), proc, f"{a:,.0f}", f"{b:.1f}", ratio)
+                    ratio = f"{b / base:.2f}×" if proc in (ALONE, GRPC, WAKE) else ratio
+                    w.add_row(str(streams), proc, "" if math.isnan(a) else f"{a:,.0f}", f"{b:.1f}", ratio)
             w.add_section()
         Console(width=170).print(w)
     print("targets: control plane ≤ 1.25× the raw-socket floor per token and ≤ 2× per request; the vLLM worker "
