@@ -17,9 +17,9 @@
 5. The same trace is replayed live, each request under an id of its own (`again-` and the trace's), and
    its goodput (offered rate × share within the SLOs, as `advise` counts it) is printed beside the
    simulator's for those requests: its mean over 16 runs with the arrivals moved by up to a wall
-   millisecond (`expected_outcome`; past capacity one run is one draw, docs/bench.md). Target: within 10%. The oracle length predictor draws its mistakes per
-   request id, so the advice's own figure is one draw of them: it is printed too, and matches only where
-   the advice predicts no lengths.
+   millisecond (`expected_outcome`; past capacity one run is one draw, docs/bench.md). Target: within
+   10%. The oracle length predictor draws its mistakes per request id, so the advice's own figure is one
+   draw of them: it is printed too, and matches only where the advice predicts no lengths.
 """
 
 from __future__ import annotations
