@@ -88,8 +88,8 @@ def test_past_vllm_v1s_capacity_the_advised_colocated_policies_get_the_predicted
     At this point the goodput is also a draw of the arrival times: moving them by up to a wall millisecond
     (0.2 ms of model time; the control plane's own latency is of that order) moves the advice's goodput
     from −6% to +9% of its mean and vllm-v1's up to +17% (docs/bench.md), so one simulated figure against
-    one live run fails now and then, either way. The win and the live run are held to the simulator's mean over moved
-    arrivals (`expected_outcome`)."""
+    one live run fails now and then, either way. The win and the live run are held to the simulator's mean
+    over moved arrivals (`expected_outcome`)."""
     chat_scale = 0.2
     jitter = 1e-3 * chat_scale  # a wall millisecond, in model seconds
     c = start_cluster(tmp_path, ["colocated"] * 4, mode="colocated", profile=PROFILE, time_scale=chat_scale)
