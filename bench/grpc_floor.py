@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,17 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
+import transport_floor as floor
 
 from tetri.proto import tetri_pb2 as pb
 
-TICK = os.sysconf("SC_CLK_TCK")
 IDLE_S = 2.0
-
-
-def own_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 async def _serve(port: int, step: float, steps: int, calls: int, grpc_on: bool) -> None:
@@ -78,25 +70,19 @@ async def _read(port: int) -> int:
         return sum([1 async for _ in call])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure(step: float, steps: int, calls: int, grpc_on: bool) -> float:
     """The server's CPU seconds a step, idle rate off."""
-    port = _free_port()
+    port = floor.free_port()
     args = [sys.executable, __file__, "--serve", str(port), "--step-ms", str(step * 1e3), "--steps", str(steps)]
     args += ["--calls", str(calls)] + ([] if grpc_on else ["--no-grpc"])
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         assert proc.stdout.readline().strip() == "ready"
-        c0 = own_cpu(proc.pid)
+        c0 = floor.cpu_seconds(proc.pid)
         time.sleep(IDLE_S)
-        idle = (own_cpu(proc.pid) - c0) / IDLE_S
-        c0, t0 = own_cpu(proc.pid), time.perf_counter()
+        idle = (floor.cpu_seconds(proc.pid) - c0) / IDLE_S
+        c0, t0 = floor.cpu_seconds(proc.pid), time.perf_counter()
         if grpc_on:
             got = asyncio.run(_read(port))
             if got != steps:
@@ -106,7 +92,7 @@ def measure(step: float, steps: int, calls: int, grpc_on: bool) -> float:
             proc.stdin.flush()
             assert proc.stdout.readline().strip() == "done"
         wall = time.perf_counter() - t0
-        return (own_cpu(proc.pid) - c0 - idle * wall) / steps
+        return (floor.cpu_seconds(proc.pid) - c0 - idle * wall) / steps
     finally:
         proc.kill()
         proc.wait()

@@ -206,9 +206,10 @@ def main() -> None:
             base = v[(f"{vsb.LABEL['vllm']}: API server", streams)][1]
             for (proc, s), (a, b) in v.items():
                 if s == streams:
-                    mine = proc.startswith(vsb.LABEL["colocated"])  # the worker: the target's row
-                    ratio = f"[{'green' if b / base <= 0.5 else 'red'}]{b / base:.2f}×[/]" if mine else ""
-                    ratio = f"{b / base:.2f}×" if proc in (ALONE, GRPC, WAKE) else ratio
+                    if proc.startswith(vsb.LABEL["colocated"]):  # Tetri's processes: the target's rows
+                        ratio = f"[{'green' if b / base <= 0.5 else 'red'}]{b / base:.2f}×[/]"
+                    else:  # the floors beside them, uncoloured; plain vLLM's own row is the base
+                        ratio = f"{b / base:.2f}×" if proc in (ALONE, GRPC, WAKE) else ""
                     w.add_row(str(streams), proc, "" if math.isnan(a) else f"{a:,.0f}", f"{b:.1f}", ratio)
             w.add_section()
         Console(width=170).print(w)
